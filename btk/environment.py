@@ -1,0 +1,203 @@
+"""Typed deployment environments (dev, staging, prod, ...).
+
+``environments.py`` at the repository root holds the user's instances of
+:class:`EnvironmentConfig`. Every value is validated here, before any CDK construct is
+built: a bad value fails synth with one line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DOCUMENTATION_ACCOUNT = "123456789012"
+ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,20}$")
+REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+FSX_THROUGHPUT_PER_TIB = (125, 250, 500, 1000)
+TRAINING_PLAN_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+TRAINING_PLAN_MAX_DAYS = 182
+
+
+class DataStageConfig(BaseModel):
+    """Where training data lives: FSx for Lustre in front of S3, or S3 FastFile only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["fsx", "s3"] = "fsx"
+    fsx_storage_capacity_gib: int = Field(default=1200, description="1200 or a multiple of 2400")
+    fsx_throughput_per_tib: int = Field(default=250, description="PERSISTENT_2: 125, 250, 500 or 1000")
+    fsx_directory: str = Field(default="/datasets", description="path inside the file system")
+    datasets_prefix: str = Field(default="datasets/", description="S3 prefix linked to FSx")
+
+    @field_validator("fsx_storage_capacity_gib")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        if value != 1200 and (value <= 0 or value % 2400):
+            raise ValueError(
+                f"{value} GiB is not a valid PERSISTENT_2 size: use 1200 or a multiple of 2400"
+            )
+        return value
+
+    @field_validator("fsx_throughput_per_tib")
+    @classmethod
+    def _throughput(cls, value: int) -> int:
+        if value not in FSX_THROUGHPUT_PER_TIB:
+            allowed = ", ".join(map(str, FSX_THROUGHPUT_PER_TIB))
+            raise ValueError(f"{value} MB/s/TiB is not offered for PERSISTENT_2: use one of {allowed}")
+        return value
+
+    @field_validator("fsx_directory")
+    @classmethod
+    def _directory(cls, value: str) -> str:
+        if not value.startswith("/") or "//" in value or value.endswith("/") and value != "/":
+            raise ValueError("must be an absolute path like /datasets (no trailing slash)")
+        return value
+
+
+class OnDemandCapacity(BaseModel):
+    """No training plan: jobs run on on-demand (or spot) capacity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: Literal["on_demand"] = "on_demand"
+
+
+class ExistingPlanCapacity(BaseModel):
+    """A training plan bought outside this stack; verified at deploy time."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: Literal["existing"] = "existing"
+    plan_arn: str
+
+    @field_validator("plan_arn")
+    @classmethod
+    def _arn(cls, value: str) -> str:
+        if not re.match(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/[a-zA-Z0-9-]{1,63}$", value):
+            raise ValueError("must be a SageMaker training plan ARN (arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)")
+        return value
+
+
+class ReservePlanCapacity(BaseModel):
+    """Buy a training plan at deploy time, only with explicit approval and a fee ceiling."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: Literal["reserve"] = "reserve"
+    start_after: datetime
+    end_before: datetime | None = None
+    duration_hours: int = Field(ge=24)
+    instance_count: int
+    max_upfront_fee: float | None = Field(default=None, gt=0, description="ceiling in the offering's currency")
+    purchase_approved: bool = False
+
+    @field_validator("start_after", "end_before")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+    @model_validator(mode="after")
+    def _sellable(self) -> ReservePlanCapacity:
+        if self.instance_count not in TRAINING_PLAN_INSTANCE_COUNTS:
+            allowed = ", ".join(map(str, TRAINING_PLAN_INSTANCE_COUNTS))
+            raise ValueError(f"instance_count {self.instance_count} is not sold: use one of {allowed}")
+        if self.duration_hours % 24 or not 1 <= self.duration_hours // 24 <= TRAINING_PLAN_MAX_DAYS:
+            raise ValueError(
+                f"duration_hours {self.duration_hours} must be whole days between 1 and "
+                f"{TRAINING_PLAN_MAX_DAYS} (24 to {24 * TRAINING_PLAN_MAX_DAYS} hours)"
+            )
+        if self.max_upfront_fee is None:
+            raise ValueError("max_upfront_fee is required in reserve mode: set the most you will pay")
+        if not self.purchase_approved:
+            raise ValueError(
+                "purchase_approved must be true in reserve mode: buying a plan charges an up-front fee"
+            )
+        if self.end_before is not None and self.end_before <= self.start_after:
+            raise ValueError("end_before must be after start_after")
+        return self
+
+
+CapacityConfig = Annotated[
+    Union[OnDemandCapacity, ExistingPlanCapacity, ReservePlanCapacity],
+    Field(discriminator="mode"),
+]
+
+
+class EnvironmentConfig(BaseModel):
+    """One deployment environment: where it lives, what it trains, what it may spend."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    account: str = DOCUMENTATION_ACCOUNT
+    region: str = "us-east-1"
+    availability_zone: str = Field(description="AZ name where the GPUs and FSx live, e.g. us-east-1a")
+    profiles: tuple[str, ...] = Field(min_length=1)
+    instance_type: str = "ml.p6-b200.48xlarge"
+    instance_count: int = Field(default=1, ge=1, le=64)
+    data_stage: DataStageConfig = DataStageConfig()
+    capacity: CapacityConfig = OnDemandCapacity()
+    retain_data: bool = Field(default=False, description="RETAIN buckets, key and FSx on stack delete")
+    managed_spot: bool = False
+    inter_container_encryption: bool = False
+    max_runtime_hours: int = Field(default=72, ge=1, le=28 * 24)
+    log_retention_days: int = 30
+    vpc_cidr: str = "10.80.0.0/16"
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not ENV_NAME.match(value):
+            raise ValueError("must be a lower-case slug of 2-21 characters, e.g. dev")
+        return value
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not re.fullmatch(r"\d{12}", value):
+            raise ValueError("must be a 12-digit AWS account id")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not REGION.match(value):
+            raise ValueError(f"{value!r} is not an AWS region name like us-east-1")
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        allowed = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+        if value not in allowed:
+            raise ValueError(f"{value} is not a CloudWatch Logs retention; use e.g. 7, 30, 90 or 365")
+        return value
+
+    @model_validator(mode="after")
+    def _az_in_region(self) -> EnvironmentConfig:
+        if not re.fullmatch(re.escape(self.region) + r"[a-z]", self.availability_zone):
+            raise ValueError(
+                f"availability_zone {self.availability_zone!r} is not in region {self.region}: "
+                f"use {self.region}a, {self.region}b, ..."
+            )
+        if len(set(self.profiles)) != len(self.profiles):
+            raise ValueError("profiles lists a profile twice")
+        capacity = self.capacity
+        if isinstance(capacity, ExistingPlanCapacity) and f":{self.region}:" not in capacity.plan_arn:
+            raise ValueError(f"capacity.plan_arn is not in region {self.region}")
+        if managed_spot_conflict(self):
+            raise ValueError("managed_spot cannot be combined with a training plan (capacity.mode)")
+        return self
+
+    @property
+    def stack_name(self) -> str:
+        """CloudFormation stack name; includes the environment."""
+        return f"TrainingStack-{self.name}"
+
+
+def managed_spot_conflict(config: EnvironmentConfig) -> bool:
+    """Spot and reserved capacity are mutually exclusive for a SageMaker training job."""
+    return config.managed_spot and config.capacity.mode != "on_demand"

@@ -1,0 +1,103 @@
+"""``TrainingKnobs``: the one definition of the tuning knobs.
+
+The planner produces it, the pipeline passes it to the training job as SageMaker
+hyperparameters (a ``dict[str, str]``), and the trainer parses it back with this same
+model. :func:`knobs_to_hyperparameters` / :func:`knobs_from_hyperparameters` are the only
+codec; the round trip is lossless (tested, including with hypothesis).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from btk.errors import BtkError, one_line
+
+Precision = Literal["bf16", "fp8_tensorwise", "fp8_rowwise", "mxfp8"]
+ActivationCheckpointing = Literal["none", "selective", "full"]
+Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+CHECKPOINTING_MODES: tuple[str, ...] = get_args(ActivationCheckpointing)
+SHARDING_MODES: tuple[str, ...] = get_args(Sharding)
+TENSOR_PARALLEL_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+
+
+class TrainingKnobs(BaseModel):
+    """The knobs that decide memory use and speed of one training run.
+
+    Attributes:
+        micro_batch_size: sequences per GPU per forward/backward pass.
+        gradient_accumulation_steps: micro-batches accumulated before each optimizer step.
+        seq_len: tokens per sequence.
+        precision: matmul precision of the linear layers. ``bf16`` everywhere, or float8
+            training through torchao (``fp8_tensorwise``/``fp8_rowwise``: Hopper and newer;
+            ``mxfp8``: Blackwell only). Master weights and optimizer state stay fp32.
+        activation_checkpointing: ``none`` keeps every activation, ``selective`` recomputes
+            every other matmul and the cheap element-wise ops (torchtitan's per-op policy),
+            ``full`` keeps only each block's input and recomputes the block.
+        sharding: FSDP2 ``full_shard`` over all data-parallel GPUs, ``hybrid_shard`` (shard
+            within a node, replicate across nodes) or ``no_shard`` (plain data parallel).
+        tensor_parallel: tensor-parallel degree inside a node (1 = off).
+        compile: ``torch.compile`` each transformer block.
+        fused_loss: compute the cross-entropy in a fused/compiled kernel so fp32 logits are
+            never materialised (False models the eager fp32 ``cross_entropy`` most older
+            training scripts use).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch_size: int = Field(ge=1, le=4096)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=65536)
+    seq_len: int = Field(ge=16, le=1_048_576)
+    precision: Precision = "bf16"
+    activation_checkpointing: ActivationCheckpointing = "none"
+    sharding: Sharding = "full_shard"
+    tensor_parallel: int = 1
+    compile: bool = True
+    fused_loss: bool = True
+
+    @field_validator("tensor_parallel")
+    @classmethod
+    def _tensor_parallel_degree(cls, value: int) -> int:
+        if value not in TENSOR_PARALLEL_DEGREES:
+            raise ValueError(f"must be one of {', '.join(map(str, TENSOR_PARALLEL_DEGREES))}")
+        return value
+
+    def tokens_per_micro_batch(self) -> int:
+        """Tokens one GPU processes per micro-batch."""
+        return self.micro_batch_size * self.seq_len
+
+
+KNOB_FIELDS: tuple[str, ...] = tuple(TrainingKnobs.model_fields)
+
+
+def encode_value(value: Any) -> str:
+    """Encode one hyperparameter value as SageMaker's string form (bools as true/false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def knobs_to_hyperparameters(knobs: TrainingKnobs) -> dict[str, str]:
+    """Serialise the knobs as SageMaker hyperparameters (string keys, string values)."""
+    return {name: encode_value(getattr(knobs, name)) for name in KNOB_FIELDS}
+
+
+def knobs_from_hyperparameters(hyperparameters: dict[str, str]) -> TrainingKnobs:
+    """Parse knobs back from SageMaker hyperparameters; extra keys are ignored.
+
+    Raises:
+        BtkError: one line naming every field at fault.
+    """
+    values = {name: hyperparameters[name] for name in KNOB_FIELDS if name in hyperparameters}
+    return parse_knobs(values)
+
+
+def parse_knobs(values: dict[str, Any]) -> TrainingKnobs:
+    """Validate knob values given as strings or typed values; one-line error on failure."""
+    try:
+        return TrainingKnobs.model_validate(values)
+    except ValidationError as error:
+        raise BtkError(one_line(error, "invalid knobs: ")) from None

@@ -1,0 +1,82 @@
+"""The training metric lines: one format, printed by the trainer, parsed by the pipeline.
+
+The trainer prints one line per logged step with :func:`format_metric_line`; the SageMaker
+pipeline's ``MetricDefinitions`` come from :data:`METRIC_DEFINITIONS`. Both derive from
+:data:`METRICS`, so the format and the regexes cannot drift apart (tested).
+
+Example line::
+
+    btk_metric step=20 loss=2.734100 tokens_per_second_per_gpu=9123.4 tflops_per_gpu=512.7 mfu=0.4321 peak_memory_gib=71.25
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LINE_PREFIX = "btk_metric"
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its key in the line, its CloudWatch/SageMaker name and print format."""
+
+    key: str
+    sagemaker_name: str
+    fmt: str
+    unit: str
+
+    @property
+    def regex(self) -> str:
+        """Regex with one capture group, as SageMaker ``MetricDefinitions`` expects."""
+        return rf"{LINE_PREFIX} .*\b{self.key}={_NUMBER}"
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("step", "train:step", "{:d}", "count"),
+    Metric("loss", "train:loss", "{:.6f}", "none"),
+    Metric("tokens_per_second_per_gpu", "train:tokens_per_second_per_gpu", "{:.1f}", "tokens/s"),
+    Metric("tflops_per_gpu", "train:tflops_per_gpu", "{:.1f}", "TFLOP/s"),
+    Metric("mfu", "train:mfu", "{:.4f}", "fraction"),
+    Metric("peak_memory_gib", "train:peak_memory_gib", "{:.2f}", "GiB"),
+)
+METRICS_BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
+
+METRIC_DEFINITIONS: list[dict[str, str]] = [
+    {"Name": metric.sagemaker_name, "Regex": metric.regex} for metric in METRICS
+]
+
+
+def format_metric_line(
+    *,
+    step: int,
+    loss: float,
+    tokens_per_second_per_gpu: float,
+    tflops_per_gpu: float,
+    mfu: float,
+    peak_memory_gib: float,
+) -> str:
+    """Format one metric line (what the trainer prints to stdout)."""
+    values: dict[str, float | int] = {
+        "step": step,
+        "loss": loss,
+        "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
+        "tflops_per_gpu": tflops_per_gpu,
+        "mfu": mfu,
+        "peak_memory_gib": peak_memory_gib,
+    }
+    fields = " ".join(f"{m.key}={m.fmt.format(values[m.key])}" for m in METRICS)
+    return f"{LINE_PREFIX} {fields}"
+
+
+def parse_metric_line(line: str) -> dict[str, float] | None:
+    """Parse a line with the same regexes SageMaker uses; ``None`` if it is no metric line."""
+    if not line.startswith(LINE_PREFIX + " "):
+        return None
+    parsed: dict[str, float] = {}
+    for metric in METRICS:
+        match = re.search(metric.regex, line)
+        if match:
+            parsed[metric.key] = float(match.group(1))
+    return parsed
