@@ -1,0 +1,1 @@
+"""btk_trainer: the SageMaker entrypoint and FSDP2 trainer of the Blackwell Training Kit."""
