@@ -1,0 +1,164 @@
+"""The pre-tokenized shard format: one contract for the tokenize tool and the trainer.
+
+A dataset is a directory holding ``manifest.json`` and flat token files::
+
+    manifest.json
+    shard_00000.bin     little-endian uint16 or uint32 token ids, no header
+    shard_00001.bin
+    ...
+
+``manifest.json``::
+
+    {"version": 1, "dtype": "uint16", "vocab_size": 32000, "eos_token_id": 2,
+     "tokenizer": "tokenizer.json",
+     "shards": [{"file": "shard_00000.bin", "num_tokens": 1048576, "sha256": "..."}]}
+
+The token dtype is the narrowest that holds every id (:func:`dtype_for_vocab`). Documents
+are concatenated with ``eos_token_id`` after each one. The trainer memory-maps the files
+(``numpy.memmap``) and verifies every checksum before it trains (:func:`verify_dataset`),
+so a corrupted or truncated shard is an error, never training data.
+
+Pure standard library (plus pydantic, as the rest of the core): no numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from btk.errors import BtkError, one_line
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TokenDtype = Literal["uint16", "uint32"]
+BYTES_PER_TOKEN: dict[str, int] = {"uint16": 2, "uint32": 4}
+_CHUNK = 1 << 20
+
+
+def dtype_for_vocab(vocab_size: int) -> TokenDtype:
+    """The narrowest token dtype that holds ids ``0 .. vocab_size - 1``."""
+    if vocab_size < 1:
+        raise BtkError(f"vocab_size must be >= 1, got {vocab_size}")
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise BtkError(f"vocab_size {vocab_size} does not fit uint32 token ids")
+
+
+def shard_file_name(index: int) -> str:
+    """File name of the ``index``-th shard."""
+    return f"shard_{index:05d}.bin"
+
+
+class ShardEntry(BaseModel):
+    """One token file of a dataset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file: str = Field(min_length=1)
+    num_tokens: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _plain_name(self) -> ShardEntry:
+        if "/" in self.file or "\\" in self.file or self.file in {".", ".."}:
+            raise ValueError(f"file {self.file!r} must be a plain file name inside the dataset directory")
+        return self
+
+
+class ShardManifest(BaseModel):
+    """``manifest.json`` of a dataset directory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = FORMAT_VERSION
+    dtype: TokenDtype
+    vocab_size: int = Field(ge=1)
+    eos_token_id: int = Field(ge=0)
+    tokenizer: str = ""
+    shards: tuple[ShardEntry, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ShardManifest:
+        if self.version != FORMAT_VERSION:
+            raise ValueError(f"version {self.version} is not supported (expected {FORMAT_VERSION})")
+        if dtype_for_vocab(self.vocab_size) != self.dtype and self.dtype == "uint16":
+            raise ValueError(f"dtype uint16 cannot hold vocab_size {self.vocab_size}; use uint32")
+        if self.eos_token_id >= self.vocab_size:
+            raise ValueError(f"eos_token_id {self.eos_token_id} must be < vocab_size {self.vocab_size}")
+        names = [shard.file for shard in self.shards]
+        if len(set(names)) != len(names):
+            raise ValueError("shard file names must be unique")
+        return self
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(shard.num_tokens for shard in self.shards)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return BYTES_PER_TOKEN[self.dtype]
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, manifest: ShardManifest) -> Path:
+    """Write ``manifest.json`` atomically (temp file then rename)."""
+    path = directory / MANIFEST_NAME
+    temporary = directory / (MANIFEST_NAME + ".tmp")
+    temporary.write_text(json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+    temporary.replace(path)
+    return path
+
+
+def read_manifest(directory: Path) -> ShardManifest:
+    """Read and validate ``manifest.json``; one-line error naming the problem."""
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise BtkError(f"dataset {directory}: no {MANIFEST_NAME}; run the tokenize tool (btk-tokenize) first")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise BtkError(f"dataset {directory}: {MANIFEST_NAME} is not valid JSON ({error.msg})") from None
+    try:
+        return ShardManifest.model_validate(data)
+    except ValidationError as error:
+        raise BtkError(one_line(error, f"dataset {directory}: invalid {MANIFEST_NAME}: ")) from None
+
+
+def verify_dataset(directory: Path, manifest: ShardManifest | None = None) -> ShardManifest:
+    """Check every shard's size and SHA-256 against the manifest.
+
+    Raises:
+        BtkError: naming the first shard that is missing, has the wrong size or checksum.
+    """
+    manifest = manifest or read_manifest(directory)
+    for shard in manifest.shards:
+        path = directory / shard.file
+        if not path.is_file():
+            raise BtkError(f"dataset {directory}: shard {shard.file} is missing")
+        expected_bytes = shard.num_tokens * manifest.bytes_per_token
+        actual_bytes = path.stat().st_size
+        if actual_bytes != expected_bytes:
+            raise BtkError(
+                f"dataset {directory}: shard {shard.file} has {actual_bytes} bytes, manifest says "
+                f"{expected_bytes}; re-run the tokenize tool or restage the data"
+            )
+        if sha256_file(path) != shard.sha256:
+            raise BtkError(
+                f"dataset {directory}: shard {shard.file} fails its sha256 checksum (corrupted); "
+                "re-run the tokenize tool or restage the data"
+            )
+    return manifest

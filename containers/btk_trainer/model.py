@@ -1,0 +1,277 @@
+"""A Llama/Qwen2-style decoder with Hugging Face-compatible parameter names.
+
+Model code only: no parallelism, no precision tricks (those are applied from outside by
+:mod:`btk_trainer.parallelize`, torchtitan style). The parameter names match Hugging Face's
+``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (``model.embed_tokens.weight``,
+``model.layers.N.self_attn.q_proj.weight``, ..., ``model.norm.weight``, ``lm_head.weight``),
+so a Hugging Face safetensors checkpoint loads with :func:`load_safetensors` as it is, and
+:func:`export_hf` writes one back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from btk.profile import ModelArchitecture, RopeScaling
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, computed in fp32 like Hugging Face's."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        hidden = x.float()
+        hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hidden.to(dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """RoPE inverse frequencies (fp32), with Llama 3.1 frequency scaling when given."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    old_context = scaling.original_max_position_embeddings
+    low_wavelen = old_context / scaling.low_freq_factor
+    high_wavelen = old_context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    seq_len: int, head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` tables of shape (seq_len, head_dim), fp32 (Hugging Face layout)."""
+    inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
+    positions = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape (batch, heads, seq, head_dim) by the position tables."""
+    dtype = x.dtype
+    cos = cos.to(dtype)[None, None]
+    sin = sin.to(dtype)[None, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention through ``scaled_dot_product_attention``.
+
+    Head counts are derived from the projection widths at run time, so the same code runs
+    on a tensor-parallel shard of the heads.
+    """
+
+    def __init__(self, arch: ModelArchitecture) -> None:
+        super().__init__()
+        self.head_dim = arch.head_dim
+        self.num_groups = arch.num_attention_heads // arch.num_kv_heads
+        h = arch.hidden_size
+        self.q_proj = nn.Linear(h, arch.num_attention_heads * arch.head_dim, bias=arch.attention_bias)
+        self.k_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
+        self.v_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(arch.num_attention_heads * arch.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.num_groups > 1:
+            k = k.repeat_interleave(self.num_groups, dim=1)
+            v = v.repeat_interleave(self.num_groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, arch: ModelArchitecture) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(arch.hidden_size, arch.ffn_hidden_size, bias=False)
+        self.up_proj = nn.Linear(arch.hidden_size, arch.ffn_hidden_size, bias=False)
+        self.down_proj = nn.Linear(arch.ffn_hidden_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, arch: ModelArchitecture) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """``model.*`` in Hugging Face naming: embeddings, blocks, final norm."""
+
+    def __init__(self, arch: ModelArchitecture) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.num_layers)])
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """The causal language model: ``forward(tokens) -> hidden states``; ``logits`` adds the head.
+
+    The head is kept apart from ``forward`` so that the loss can be computed in a fused
+    kernel without materialising fp32 logits (see :mod:`btk_trainer.loss`).
+    """
+
+    def __init__(self, arch: ModelArchitecture) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = DecoderBody(arch)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tied_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, str(device))
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_tables(
+                seq_len, self.arch.head_dim, self.arch.rope_theta, self.arch.rope_scaling, device
+            )
+        return self._rope_cache[key]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (after the last norm), shape (batch, seq, hidden)."""
+        x = self.model.embed_tokens(tokens)
+        cos, sin = self.rope(tokens.shape[1], tokens.device)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        normed: torch.Tensor = self.model.norm(x)
+        return normed
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self(tokens))
+        return out
+
+    @torch.no_grad()
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        """Deterministic initialisation: normal(0, std) matrices, depth-scaled output projections."""
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        depth_std = std / math.sqrt(2 * self.arch.num_layers)
+        for name, parameter in self.named_parameters():
+            if parameter.ndim == 1:
+                values = torch.ones_like(parameter, device="cpu") if "norm" in name else torch.zeros_like(
+                    parameter, device="cpu"
+                )
+            else:
+                scale = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                values = torch.empty(parameter.shape, dtype=torch.float32).normal_(0.0, scale, generator=generator)
+            parameter.copy_(values.to(parameter.dtype))
+
+
+def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any]:
+    """A Hugging Face ``config.json`` for the architecture (Llama, or Qwen2 when it has qkv bias)."""
+    qwen = arch.attention_bias
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": arch.rope_theta}
+    if arch.rope_scaling is not None:
+        rope = {**arch.rope_scaling.model_dump(), "rope_theta": arch.rope_theta}
+    config: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size,
+        "max_position_embeddings": arch.max_context,
+        "rms_norm_eps": arch.rms_norm_eps,
+        # Both spellings: rope_theta/rope_scaling (transformers 4.x) and rope_parameters (5.x).
+        "rope_theta": arch.rope_theta,
+        "rope_scaling": arch.rope_scaling.model_dump() if arch.rope_scaling else None,
+        "rope_parameters": rope,
+        "tie_word_embeddings": arch.tied_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": dtype,
+    }
+    if not qwen:
+        config["attention_bias"] = False
+        config["mlp_bias"] = False
+    return config
+
+
+def load_safetensors(model: Decoder, directory: Path) -> None:
+    """Load Hugging Face safetensors weights (one file or sharded with an index) into ``model``.
+
+    Missing or unexpected names are an error naming them; a tied model accepts a checkpoint
+    with or without ``lm_head.weight``.
+    """
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"init_from {directory}: no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    if model.arch.tied_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {name for name, _ in model.named_parameters()}
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected - {"lm_head.weight"})
+    if missing or unexpected:
+        raise ValueError(f"init_from {directory}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            source = state[name]
+            if tuple(source.shape) != tuple(parameter.shape):
+                raise ValueError(f"init_from {directory}: {name} has shape {tuple(source.shape)}, "
+                                 f"the architecture expects {tuple(parameter.shape)}")
+            parameter.copy_(source.to(parameter.dtype))
+
+
+def export_hf(state: dict[str, torch.Tensor], arch: ModelArchitecture, directory: Path,
+              dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write ``model.safetensors`` + ``config.json`` (Hugging Face layout) from a full state dict."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().to(dtype).contiguous() for name, tensor in state.items()}
+    if arch.tied_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    dtype_name = str(dtype).removeprefix("torch.")
+    (directory / "config.json").write_text(json.dumps(hf_config(arch, dtype_name), indent=2) + "\n")
