@@ -1,0 +1,137 @@
+"""Calling SageMaker for the report: pagination, retries on throttling, one-line errors.
+
+boto3 is never imported here at module level; the caller passes a ready client (a real
+one from :func:`make_client`, or one wrapped in ``botocore.stub.Stubber`` in tests).
+
+Retries happen in two layers: botocore's own ``standard`` retry mode (which already backs
+off on throttling), and :meth:`SageMakerReader.call`, which retries a throttled call again
+with exponential backoff once botocore has given up. The sleep function is injectable so
+that tests run instantly and can assert the delays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from btk.errors import BtkError
+
+THROTTLING_CODES = frozenset(
+    {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown"}
+)
+ACCESS_DENIED_CODES = frozenset({"AccessDeniedException", "AccessDenied", "UnauthorizedOperation"})
+NOT_FOUND_CODES = frozenset({"ResourceNotFound", "ResourceNotFoundException"})
+BOTOCORE_MAX_ATTEMPTS = 5
+
+
+class PermissionDeniedError(BtkError):
+    """The caller lacks an IAM permission the report needs."""
+
+
+class ResourceMissingError(BtkError):
+    """The named SageMaker resource does not exist (e.g. a deleted pipeline)."""
+
+
+def make_client(region: str) -> Any:
+    """A SageMaker client for ``region`` with botocore's standard retry mode."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS}, user_agent_extra="btk-report")
+    return boto3.client("sagemaker", region_name=region, config=config)
+
+
+def _error_code(error: Exception) -> str:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _error_message(error: Exception) -> str:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Message", "")).splitlines()[0] if response.get("Error") else ""
+    return ""
+
+
+class SageMakerReader:
+    """Read-only SageMaker calls with pagination and throttling retries.
+
+    Args:
+        client: a botocore SageMaker client.
+        sleep: called with the delay in seconds between attempts (default ``time.sleep``).
+        max_attempts: attempts per call, the first included, before a throttling error is
+            reported to the user.
+        base_delay: delay before the second attempt; it doubles each attempt up to
+            ``max_delay``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        max_attempts: int = 6,
+        base_delay: float = 1.0,
+        max_delay: float = 30.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._client = client
+        self._sleep = sleep
+        self._max_attempts = max_attempts
+        self._base_delay = base_delay
+        self._max_delay = max_delay
+        self.calls = 0
+        self.throttled = 0
+
+    def call(self, operation: str, **params: Any) -> dict[str, Any]:
+        """Call ``operation`` (the boto3 method name, e.g. ``describe_training_job``)."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        action = "sagemaker:" + "".join(part.capitalize() for part in operation.split("_"))
+        for attempt in range(1, self._max_attempts + 1):
+            self.calls += 1
+            try:
+                response: dict[str, Any] = getattr(self._client, operation)(**params)
+                return response
+            except ClientError as error:
+                code = _error_code(error)
+                if code in THROTTLING_CODES and attempt < self._max_attempts:
+                    self.throttled += 1
+                    self._sleep(min(self._max_delay, self._base_delay * 2 ** (attempt - 1)))
+                    continue
+                if code in THROTTLING_CODES:
+                    raise BtkError(
+                        f"{action} is still throttled after {self._max_attempts} attempts: "
+                        "retry later or narrow the window with --since/--profile"
+                    ) from None
+                if code in ACCESS_DENIED_CODES:
+                    raise PermissionDeniedError(
+                        f"AWS denied {action} ({code}): grant the caller {action} "
+                        "(docs/report.md lists the read-only policy btk report needs)"
+                    ) from None
+                if code in NOT_FOUND_CODES or (
+                    code == "ValidationException" and "does not exist" in _error_message(error)
+                ):
+                    raise ResourceMissingError(f"{action}: {_error_message(error) or code}") from None
+                raise BtkError(f"{action} failed ({code}): {_error_message(error)}") from None
+            except NoCredentialsError:
+                raise BtkError(
+                    "no AWS credentials found: configure them (AWS_PROFILE, aws configure or SSO) and retry"
+                ) from None
+            except BotoCoreError as error:
+                raise BtkError(f"{action} failed: {str(error).splitlines()[0]}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def pages(self, operation: str, result_key: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Every item under ``result_key`` across all pages (``NextToken`` pagination)."""
+        token: str | None = None
+        while True:
+            page = self.call(operation, **params, **({"NextToken": token} if token else {}))
+            yield from page.get(result_key, [])
+            token = page.get("NextToken")
+            if not token:
+                return
