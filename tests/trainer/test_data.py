@@ -1,0 +1,153 @@
+"""Tokenize -> shards -> loader round trip; checksums; the resumable sampler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from btk.errors import BtkError
+from btk.shards import dtype_for_vocab, read_manifest, verify_dataset
+from btk_trainer.data import ResumableSampler, TokenShards, next_batch
+from btk_trainer.tokenize import main as tokenize_main
+from btk_trainer.tokenize import tokenize_to_shards
+
+WORDS = "the quick brown fox jumps over lazy dog and runs far away into woods".split()
+
+
+def make_tokenizer(path: Path) -> Path:
+    """A tiny word-level tokenizer trained in-process (no downloads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["<unk>", "</s>"])
+    tokenizer.train_from_iterator([" ".join(WORDS)], trainer=trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+def write_jsonl(path: Path, docs: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+    return path
+
+
+def _docs(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))) for _ in range(n)]
+
+
+def test_round_trip_tokens_and_eos(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    docs = _docs(40)
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", docs)], tok_path, tmp_path / "ds",
+                                  eos_token="</s>", shard_tokens=50)
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    eos = tokenizer.token_to_id("</s>")
+    expected = np.concatenate([[*tokenizer.encode(d, add_special_tokens=False).ids, eos] for d in docs])
+    assert manifest.dtype == "uint16" and manifest.eos_token_id == eos
+    assert len(manifest.shards) == -(-expected.size // 50) and manifest.total_tokens == expected.size
+    stored = np.concatenate([np.fromfile(tmp_path / "ds" / s.file, dtype="<u2") for s in manifest.shards])
+    np.testing.assert_array_equal(stored, expected)
+    assert read_manifest(tmp_path / "ds") == manifest
+    # The loader's windows are slices of the same stream, never crossing a shard.
+    shards = TokenShards(tmp_path / "ds", seq_len=7)
+    assert len(shards) == sum((s.num_tokens - 1) // 7 for s in manifest.shards)
+    first = np.fromfile(tmp_path / "ds" / manifest.shards[0].file, dtype="<u2")
+    np.testing.assert_array_equal(shards.window(1), first[7:15])
+    decoded = tokenizer.decode(shards.window(0).tolist())
+    assert decoded.split()[:3] == docs[0].split()[:3]
+
+
+def test_corrupted_shard_is_detected_not_trained_on(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(30))], tok_path, tmp_path / "ds", shard_tokens=40)
+    verify_dataset(tmp_path / "ds")
+    target = tmp_path / "ds" / "shard_00001.bin"
+    data = bytearray(target.read_bytes())
+    data[3] ^= 0x01  # one flipped bit, same size
+    target.write_bytes(bytes(data))
+    with pytest.raises(BtkError, match="shard_00001.bin fails its sha256"):
+        TokenShards(tmp_path / "ds", seq_len=8)
+    target.write_bytes(bytes(data[:-2]))  # truncated
+    with pytest.raises(BtkError, match="shard_00001.bin has .* bytes"):
+        verify_dataset(tmp_path / "ds")
+    target.unlink()
+    with pytest.raises(BtkError, match="shard_00001.bin is missing"):
+        verify_dataset(tmp_path / "ds")
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fox"}\n{"body": "x"}\n')
+    with pytest.raises(BtkError, match=r"bad.jsonl:2: expected an object"):
+        tokenize_to_shards([bad], tok_path, tmp_path / "ds")
+    bad.write_text("not json\n")
+    assert tokenize_main(["--input", str(bad), "--tokenizer", str(tok_path), "--output", str(tmp_path / "o")]) == 2
+    with pytest.raises(BtkError, match="no manifest.json"):
+        verify_dataset(tmp_path / "empty")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(
+        {"version": 1, "dtype": "uint16", "vocab_size": 70000, "eos_token_id": 1,
+         "shards": [{"file": "a.bin", "num_tokens": 4, "sha256": "0" * 64}]}))
+    with pytest.raises(BtkError, match="uint16 cannot hold vocab_size 70000"):
+        read_manifest(tmp_path / "m")
+    assert dtype_for_vocab(65536) == "uint16" and dtype_for_vocab(65537) == "uint32"
+
+
+def test_tokenize_cli_and_uint32(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(70000)}
+    vocab["</s>"] = 70000
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "big.json"))
+    write_jsonl(tmp_path / "in.jsonl", ["w1 w69999 w5", "w7"])
+    code = tokenize_main(["--input", str(tmp_path), "--tokenizer", str(tmp_path / "big.json"),
+                          "--output", str(tmp_path / "ds")])
+    assert code == 0
+    manifest = read_manifest(tmp_path / "ds")
+    assert manifest.dtype == "uint32"
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "ds" / "shard_00000.bin", dtype="<u4"),
+                                  [1, 69999, 5, 70000, 7, 70000])
+
+
+def test_sampler_splits_ranks_and_resumes() -> None:
+    def run(rank: int, steps: int, sampler: ResumableSampler | None = None) -> tuple[list[list[int]], ResumableSampler]:
+        sampler = sampler or ResumableSampler(23, micro_batch_size=2, dp_rank=rank, dp_size=3, seed=5)
+        return [sampler.next_indices() for _ in range(steps)], sampler
+
+    batches = [run(rank, 12)[0] for rank in range(3)]
+    for step in range(3):  # one epoch holds 3 global batches of 6 (23 // 6); ranks are disjoint
+        seen = [i for rank in range(3) for i in batches[rank][step]]
+        assert len(set(seen)) == 6
+    epoch0 = {i for step in range(3) for rank in range(3) for i in batches[rank][step]}
+    assert len(epoch0) == 18
+    assert batches[0][3] != batches[0][0]  # a new epoch reshuffles
+    head, sampler = run(1, 5)
+    state = sampler.state_dict()
+    resumed = ResumableSampler(23, micro_batch_size=2, dp_rank=1, dp_size=3, seed=5)
+    resumed.load_state_dict(state)
+    assert head + run(1, 7, resumed)[0] == batches[1]
+    other = ResumableSampler(23, micro_batch_size=2, dp_rank=1, dp_size=2, seed=5)
+    with pytest.raises(BtkError, match="global_batch"):
+        other.load_state_dict(state)
+    with pytest.raises(BtkError, match="fewer than one global micro-batch"):
+        ResumableSampler(5, micro_batch_size=2, dp_rank=0, dp_size=3, seed=5)
+
+
+def test_next_batch_shapes(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(60))], tok_path, tmp_path / "ds", shard_tokens=100)
+    shards = TokenShards(tmp_path / "ds", seq_len=9)
+    sampler = ResumableSampler(len(shards), micro_batch_size=3, dp_rank=0, dp_size=1, seed=0)
+    inputs, targets = next_batch(shards, sampler, torch.device("cpu"))
+    assert inputs.shape == targets.shape == (3, 9) and inputs.dtype == torch.int64
+    torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
