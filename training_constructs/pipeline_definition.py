@@ -1,0 +1,527 @@
+"""The SageMaker pipeline definition of one model profile, built with the SageMaker Python SDK v3.
+
+:func:`build_pipeline_definition` is pure: plain values (or CDK token strings, which it
+copies through untouched) in, the definition JSON string out. It never calls AWS: the SDK
+builds definitions offline when the region is known, ``SAGEMAKER_VALIDATE_ROLE=false``, the
+role is an ARN string, every S3 location is explicit and nothing is uploaded (no
+``source_code``: the image's own entrypoint launches torchrun). Telemetry is switched off
+through the session's SDK config, so the SDK sends nothing either.
+
+The pipeline::
+
+    [Tokenize] (ProcessingStep, only with data preparation)
+        -> CheckTrainingPlan (ConditionStep: TrainingPlanArn == "")
+              if  -> Train        (TrainingStep, on-demand or managed spot)
+              else-> TrainOnPlan  (TrainingStep, ResourceConfig.TrainingPlanArn = the parameter)
+
+Two training steps, because ``CreateTrainingJob`` rejects an empty ``TrainingPlanArn``
+(min length 50): "empty means on-demand" can only be said by leaving the field out.
+
+Pipeline parameters: ``InstanceCount`` (Integer), ``TrainingPlanArn`` (String, "" =
+on-demand), ``MaxRuntimeSeconds`` (Integer), ``TotalTokens`` (String, the
+``train.total_tokens`` hyperparameter; "" = the trainer derives it from ``job.max_steps``),
+and ``MaxWaitSeconds`` (Integer) in managed-spot environments.
+
+Where the SDK cannot say a field, the compiled definition is post-processed, and only there
+(:func:`_fill_sdk_gaps`; tested):
+
+* ``StoppingCondition`` takes plain integers in the SDK, so ``MaxRuntimeInSeconds`` (and
+  ``MaxWaitTimeInSeconds``) are replaced by ``{"Get": "Parameters.…"}``. Pipeline expressions
+  have no arithmetic (only ``Std:Join`` and ``Std:JsonGet``), hence a run-time limit in
+  seconds rather than hours.
+* ``ModelTrainer`` drops ``TrainingJobName`` under a ``PipelineSession``; it is put back as
+  ``btk-<env>-<profile>`` and, with ``PipelineDefinitionConfig(use_custom_job_prefix=True)``,
+  SageMaker Pipelines uses it as the job-name prefix. Dashboards, alarms and the report tool
+  find a profile's jobs by that prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from btk.environment import EnvironmentConfig
+from btk.errors import BtkError
+from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
+from btk.knobs import TrainingKnobs
+from btk.metrics import METRIC_DEFINITIONS
+from btk.profile import ModelProfile
+
+PARAM_INSTANCE_COUNT = "InstanceCount"
+PARAM_TRAINING_PLAN_ARN = "TrainingPlanArn"
+PARAM_MAX_RUNTIME_SECONDS = "MaxRuntimeSeconds"
+PARAM_MAX_WAIT_SECONDS = "MaxWaitSeconds"
+PARAM_TOTAL_TOKENS = "TotalTokens"
+
+STEP_TOKENIZE = "Tokenize"
+STEP_CHECK_PLAN = "CheckTrainingPlan"
+STEP_TRAIN = "Train"
+STEP_TRAIN_ON_PLAN = "TrainOnPlan"
+
+TRAIN_CHANNEL = "train"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+PROCESSING_INPUT = "/opt/ml/processing/input"
+PROCESSING_OUTPUT = "/opt/ml/processing/output"
+#: The tokenize tool of the training image (``containers/pyproject.toml``: ``btk-tokenize``).
+TOKENIZE_COMMAND = ("btk-tokenize",)
+
+TAG_ENVIRONMENT = "btk:environment"
+TAG_PROFILE = "btk:profile"
+TAG_INSTANCE_TYPE = "btk:instance-type"
+
+#: Managed spot: how long a job may wait for capacity plus run, as a multiple of the run time.
+SPOT_WAIT_FACTOR = 2
+
+#: NCCL / EFA settings of the training containers on P6-B200 (and other EFA instances).
+NCCL_ENVIRONMENT: dict[str, str] = {
+    # libfabric: use the EFA provider (never fall back to TCP sockets silently).
+    "FI_PROVIDER": "efa",
+    # GPUDirect RDMA: EFA reads/writes GPU memory directly (P5/P6 support it).
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    # Data-loader workers fork after EFA registered memory; keep the fork safe.
+    "FI_EFA_FORK_SAFE": "1",
+    # NCCL bootstrap/out-of-band traffic: any interface except loopback and docker bridges.
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    # Warnings and errors only: INFO floods CloudWatch Logs at 8 GPUs per node.
+    "NCCL_DEBUG": "WARN",
+    # A failed or hung collective aborts the process group instead of hanging the job.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # FSDP2 frees all-gather buffers without recordStream (lower peak memory; torchtitan default).
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+    # Fewer fragmentation OOMs with varying activation shapes.
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
+_PIPELINE_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$")
+_TOKEN = "${Token["
+
+
+@dataclass(frozen=True)
+class FsxTrainingData:
+    """The ``train`` channel from FSx for Lustre (``fsx`` mode), mounted read-only.
+
+    :param file_system_id: ``fs-…``.
+    :param mount_name: the file system's Lustre mount name.
+    :param directory: the directory inside the file system, e.g. ``/datasets``.
+    """
+
+    file_system_id: str
+    mount_name: str
+    directory: str
+
+    @property
+    def directory_path(self) -> str:
+        """``/<mount name><directory>``, what ``FileSystemDataSource.DirectoryPath`` wants."""
+        return f"/{self.mount_name}{self.directory}"
+
+
+@dataclass(frozen=True)
+class S3TrainingData:
+    """The ``train`` channel streamed from S3 with FastFile (``s3`` mode)."""
+
+    s3_uri: str
+
+
+@dataclass(frozen=True)
+class DataPreparation:
+    """The optional tokenize step: raw text in S3 -> shards where the ``train`` channel reads.
+
+    :param raw_s3_uri: raw documents and ``tokenizer.json``.
+    :param output_s3_uri: where the shards go (the datasets prefix FSx mirrors, or the S3
+        channel's prefix).
+    :param instance_type: CPU instance of the processing job. Default: ``ml.c5.9xlarge``.
+    :param volume_size_gb: EBS volume of the processing job. Default: 200.
+    """
+
+    raw_s3_uri: str
+    output_s3_uri: str
+    instance_type: str = "ml.c5.9xlarge"
+    volume_size_gb: int = 200
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything one profile's pipeline is built from (strings may be CDK tokens).
+
+    :param environment: the environment (instance type and count, spot, encryption, limits).
+    :param profile: the model profile.
+    :param knobs: the planner's knobs for this profile on ``environment``'s instances.
+    :param image_uri: the training image.
+    :param role_arn: the execution role of the jobs.
+    :param kms_key_arn: the key for job output (and volumes where the instance has EBS).
+    :param subnet_ids: the training subnet(s) (the environment's AZ).
+    :param security_group_ids: the EFA/Lustre security group(s).
+    :param train_data: :class:`FsxTrainingData` or :class:`S3TrainingData`.
+    :param checkpoint_s3_uri: checkpoint root; each execution gets its own prefix below it.
+    :param output_s3_uri: model artifacts root.
+    :param training_plan_arn: default of ``TrainingPlanArn``. Default: "" (on-demand).
+    :param data_preparation: add the tokenize step. Default: None (no step).
+    :param volume_size_gb: EBS volume per instance, where the instance type has EBS. Default: 500.
+    """
+
+    environment: EnvironmentConfig
+    profile: ModelProfile
+    knobs: TrainingKnobs
+    image_uri: str
+    role_arn: str
+    kms_key_arn: str
+    subnet_ids: Sequence[str]
+    security_group_ids: Sequence[str]
+    train_data: FsxTrainingData | S3TrainingData
+    checkpoint_s3_uri: str
+    output_s3_uri: str
+    training_plan_arn: str = ""
+    data_preparation: DataPreparation | None = None
+    volume_size_gb: int = 500
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+
+def pipeline_name(environment: str, profile: str) -> str:
+    """``btk-<env>-<profile>`` with every character SageMaker forbids (``.``, ``_``) as ``-``."""
+    name = re.sub(r"[^a-zA-Z0-9-]", "-", f"btk-{environment}-{profile}")
+    name = re.sub(r"-{2,}", "-", name).strip("-")
+    if not _PIPELINE_NAME.match(name):
+        raise BtkError(f"pipeline name {name!r} is not a valid SageMaker pipeline name: rename the profile")
+    return name
+
+
+def job_name_prefix(environment: str, profile: str) -> str:
+    """Prefix of the jobs' names: the pipeline name, cut to leave room for SageMaker's suffix."""
+    return pipeline_name(environment, profile)[:40].rstrip("-")
+
+
+def training_hyperparameters(profile: ModelProfile, knobs: TrainingKnobs) -> dict[str, str]:
+    """The job's hyperparameters: knobs, architecture, schedule and job settings (the core's codec)."""
+    spec = JobHyperparameters(
+        knobs=knobs,
+        architecture=profile.architecture,
+        training=profile.training,
+        job=JobSettings(profile=profile.name),
+    )
+    return to_hyperparameters(spec)
+
+
+def job_tags(spec: PipelineSpec) -> dict[str, str]:
+    """Tags of every job: the environment's tags plus environment, profile and instance type."""
+    tags = dict(spec.environment.tags)
+    tags.update(spec.extra_tags)
+    tags[TAG_ENVIRONMENT] = spec.environment.name
+    tags[TAG_PROFILE] = spec.profile.name
+    tags[TAG_INSTANCE_TYPE] = spec.environment.instance_type
+    return dict(sorted(tags.items()))
+
+
+def validate_spec(spec: PipelineSpec) -> None:
+    """One-line :class:`BtkError` naming the first bad field and the fix."""
+    env = spec.environment
+    if spec.profile.name not in env.profiles:
+        raise BtkError(f"profile {spec.profile.name!r} is not in environment {env.name!r}: add it to profiles")
+    for name in ("image_uri", "role_arn", "kms_key_arn", "checkpoint_s3_uri", "output_s3_uri"):
+        if not getattr(spec, name):
+            raise BtkError(f"pipeline {name} is empty: pass the value from the stack")
+    if not _is_token(spec.role_arn) and not spec.role_arn.startswith("arn:"):
+        raise BtkError(f"role_arn {spec.role_arn!r} must be an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
+    for name in ("checkpoint_s3_uri", "output_s3_uri"):
+        value = getattr(spec, name)
+        if not _is_token(value) and not value.startswith("s3://"):
+            raise BtkError(f"{name} {value!r} must be an s3:// URI")
+    if not spec.subnet_ids or not spec.security_group_ids:
+        raise BtkError("pipeline needs subnet_ids and security_group_ids: pass the training subnet and EFA group")
+    if isinstance(spec.train_data, S3TrainingData) and env.data_stage.mode != "s3":
+        raise BtkError(f"environment {env.name!r} uses data_stage.mode=fsx: pass FsxTrainingData")
+    if isinstance(spec.train_data, FsxTrainingData) and env.data_stage.mode != "fsx":
+        raise BtkError(f"environment {env.name!r} uses data_stage.mode=s3: pass S3TrainingData")
+    plan = spec.training_plan_arn
+    if plan and not _is_token(plan) and ":training-plan/" not in plan:
+        raise BtkError(f"training_plan_arn {plan!r} is not a training plan ARN: use \"\" for on-demand")
+
+
+def build_pipeline_definition(spec: PipelineSpec) -> str:
+    """The pipeline definition JSON (canonical: sorted keys, compact) for ``spec``."""
+    validate_spec(spec)
+    _offline_sdk_environment(spec.environment.region)
+    builder = _Builder(spec)
+    return builder.definition()
+
+
+# -- implementation -------------------------------------------------------------------------
+
+
+def _is_token(value: str) -> bool:
+    return _TOKEN in value
+
+
+def _offline_sdk_environment(region: str) -> None:
+    """What the SDK needs to build offline; set only where the caller has not set it."""
+    os.environ.setdefault("AWS_DEFAULT_REGION", region)
+    os.environ.setdefault("AWS_REGION", region)
+    os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
+    # The SDK logs every step at INFO ("Not applying SDK defaults", ...): keep synth quiet.
+    for name in ("sagemaker", "sagemaker.config"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+#: SDK defaults config with telemetry off: the SDK must not call out during synth.
+_SDK_CONFIG: dict[str, Any] = {
+    "SchemaVersion": "1.0",
+    "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}},
+}
+
+
+class _Builder:
+    """Builds the SDK objects of one pipeline and compiles them."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        import warnings
+
+        import boto3
+        from sagemaker.core.workflow.parameters import ParameterInteger, ParameterString
+        from sagemaker.core.workflow.pipeline_context import PipelineSession
+
+        self.spec = spec
+        env = spec.environment
+        self.pipeline_name = pipeline_name(env.name, spec.profile.name)
+        self.job_prefix = job_name_prefix(env.name, spec.profile.name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.session = PipelineSession(
+                boto_session=boto3.Session(region_name=env.region),
+                # Never used (every location is explicit); set so nothing asks STS for it.
+                default_bucket="btk-unused-default-bucket",
+                sagemaker_config=_SDK_CONFIG,
+            )
+        runtime = env.max_runtime_hours * 3600
+        self.instance_count = ParameterInteger(name=PARAM_INSTANCE_COUNT, default_value=env.instance_count)
+        self.training_plan_arn = ParameterString(name=PARAM_TRAINING_PLAN_ARN, default_value=spec.training_plan_arn)
+        self.max_runtime = ParameterInteger(name=PARAM_MAX_RUNTIME_SECONDS, default_value=runtime)
+        self.max_wait = ParameterInteger(
+            name=PARAM_MAX_WAIT_SECONDS, default_value=SPOT_WAIT_FACTOR * runtime
+        )
+        hyperparameters = training_hyperparameters(spec.profile, spec.knobs)
+        self.total_tokens = ParameterString(
+            name=PARAM_TOTAL_TOKENS, default_value=hyperparameters["train.total_tokens"]
+        )
+        self.hyperparameters: dict[str, Any] = dict(hyperparameters)
+        self.hyperparameters["train.total_tokens"] = self.total_tokens
+
+    @property
+    def parameters(self) -> list[Any]:
+        params = [self.instance_count, self.training_plan_arn, self.max_runtime, self.total_tokens]
+        if self.spec.environment.managed_spot:
+            params.append(self.max_wait)
+        return params
+
+    def definition(self) -> str:
+        import warnings
+
+        from sagemaker.core.workflow.conditions import ConditionEquals
+        from sagemaker.core.workflow.pipeline_definition_config import PipelineDefinitionConfig
+        from sagemaker.mlops.workflow import ConditionStep, Pipeline
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            steps: list[Any] = []
+            depends_on: list[Any] = []
+            if self.spec.data_preparation is not None:
+                tokenize = self._tokenize_step(self.spec.data_preparation)
+                steps.append(tokenize)
+                depends_on.append(tokenize)
+            check = ConditionStep(
+                name=STEP_CHECK_PLAN,
+                conditions=[ConditionEquals(left=self.training_plan_arn, right="")],
+                if_steps=[self._training_step(STEP_TRAIN, on_plan=False)],
+                else_steps=[self._training_step(STEP_TRAIN_ON_PLAN, on_plan=True)],
+                depends_on=depends_on or None,
+            )
+            steps.append(check)
+            pipeline = Pipeline(
+                name=self.pipeline_name,
+                parameters=self.parameters,
+                steps=steps,
+                sagemaker_session=self.session,
+                pipeline_experiment_config=None,
+                pipeline_definition_config=PipelineDefinitionConfig(use_custom_job_prefix=True),
+            )
+            compiled = json.loads(pipeline.definition())
+        _fill_sdk_gaps(compiled, self.spec, self.job_prefix)
+        return json.dumps(compiled, sort_keys=True, separators=(",", ":"))
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _training_step(self, name: str, *, on_plan: bool) -> Any:
+        from sagemaker.core.common_utils import instance_supports_kms
+        from sagemaker.core.shapes import (
+            Channel,
+            DataSource,
+            FileSystemDataSource,
+            MetricDefinition,
+            S3DataSource,
+            Tag,
+        )
+        from sagemaker.core.training.configs import (
+            CheckpointConfig,
+            Compute,
+            Networking,
+            OutputDataConfig,
+            StoppingCondition,
+        )
+        from sagemaker.core.workflow.execution_variables import ExecutionVariables
+        from sagemaker.core.workflow.functions import Join
+        from sagemaker.mlops.workflow import TrainingStep
+        from sagemaker.train import ModelTrainer
+
+        spec, env = self.spec, self.spec.environment
+        spot = env.managed_spot and not on_plan
+        compute: dict[str, Any] = {
+            "instance_type": env.instance_type,
+            "instance_count": self.instance_count,
+            "enable_managed_spot_training": spot,
+        }
+        if instance_supports_kms(env.instance_type):
+            # Instances with local NVMe (P5, P6-B200, ...) have no EBS volume: SageMaker rejects
+            # VolumeSizeInGB/VolumeKmsKeyId there; their NVMe is encrypted by the hardware.
+            compute["volume_size_in_gb"] = spec.volume_size_gb
+            compute["volume_kms_key_id"] = spec.kms_key_arn
+        if on_plan:
+            compute["training_plan_arn"] = self.training_plan_arn
+
+        if isinstance(spec.train_data, FsxTrainingData):
+            source = DataSource(
+                file_system_data_source=FileSystemDataSource(
+                    file_system_id=spec.train_data.file_system_id,
+                    file_system_access_mode="ro",
+                    file_system_type="FSxLustre",
+                    directory_path=spec.train_data.directory_path,
+                )
+            )
+            input_mode = "File"
+        else:
+            source = DataSource(
+                s3_data_source=S3DataSource(
+                    s3_data_type="S3Prefix",
+                    s3_uri=spec.train_data.s3_uri,
+                    s3_data_distribution_type="FullyReplicated",
+                )
+            )
+            input_mode = "FastFile"
+        channel = Channel(channel_name=TRAIN_CHANNEL, data_source=source, input_mode=input_mode)
+
+        stopping = {"max_runtime_in_seconds": env.max_runtime_hours * 3600}
+        if spot:
+            stopping["max_wait_time_in_seconds"] = self.max_wait.default_value
+        checkpoint_uri = Join(
+            on="/",
+            values=[spec.checkpoint_s3_uri.rstrip("/"), spec.profile.name, ExecutionVariables.PIPELINE_EXECUTION_ID],
+        )
+        trainer = ModelTrainer(
+            sagemaker_session=self.session,
+            role=spec.role_arn,
+            base_job_name=self.job_prefix,
+            training_image=spec.image_uri,
+            training_input_mode=input_mode,
+            compute=Compute(**compute),
+            networking=Networking(
+                subnets=list(spec.subnet_ids),
+                security_group_ids=list(spec.security_group_ids),
+                enable_inter_container_traffic_encryption=env.inter_container_encryption,
+            ),
+            stopping_condition=StoppingCondition(**stopping),
+            output_data_config=OutputDataConfig(
+                s3_output_path=f"{spec.output_s3_uri.rstrip('/')}/{spec.profile.name}",
+                kms_key_id=spec.kms_key_arn,
+                compression_type="NONE",
+            ),
+            checkpoint_config=CheckpointConfig(s3_uri=checkpoint_uri, local_path=CHECKPOINT_LOCAL_PATH),
+            environment=dict(NCCL_ENVIRONMENT),
+            hyperparameters=self.hyperparameters,
+            tags=[Tag(key=key, value=value) for key, value in job_tags(spec).items()],
+        ).with_metric_definitions(
+            [MetricDefinition(name=item["Name"], regex=item["Regex"]) for item in METRIC_DEFINITIONS]
+        )
+        return TrainingStep(name=name, step_args=trainer.train(input_data_config=[channel]))
+
+    def _tokenize_step(self, prep: DataPreparation) -> Any:
+        from sagemaker.core.network import NetworkConfig
+        from sagemaker.core.processing import Processor
+        from sagemaker.core.shapes import ProcessingInput, ProcessingOutput, ProcessingS3Input, ProcessingS3Output
+        from sagemaker.mlops.workflow import ProcessingStep
+
+        spec, env = self.spec, self.spec.environment
+        processor = Processor(
+            role=spec.role_arn,
+            image_uri=spec.image_uri,
+            instance_count=1,
+            instance_type=prep.instance_type,
+            entrypoint=list(TOKENIZE_COMMAND),
+            volume_size_in_gb=prep.volume_size_gb,
+            volume_kms_key=spec.kms_key_arn,
+            output_kms_key=spec.kms_key_arn,
+            max_runtime_in_seconds=env.max_runtime_hours * 3600,
+            base_job_name=f"{self.job_prefix}-tok"[:40],
+            sagemaker_session=self.session,
+            tags=[{"Key": key, "Value": value} for key, value in job_tags(spec).items()],
+            network_config=NetworkConfig(
+                subnets=list(spec.subnet_ids),
+                security_group_ids=list(spec.security_group_ids),
+                encrypt_inter_container_traffic=env.inter_container_encryption,
+            ),
+        )
+        step_args = processor.run(
+            inputs=[
+                ProcessingInput(
+                    input_name="raw",
+                    s3_input=ProcessingS3Input(
+                        s3_uri=prep.raw_s3_uri,
+                        s3_data_type="S3Prefix",
+                        local_path=PROCESSING_INPUT,
+                        s3_input_mode="File",
+                        s3_data_distribution_type="FullyReplicated",
+                    ),
+                )
+            ],
+            outputs=[
+                ProcessingOutput(
+                    output_name="shards",
+                    s3_output=ProcessingS3Output(
+                        s3_uri=prep.output_s3_uri, s3_upload_mode="EndOfJob", local_path=PROCESSING_OUTPUT
+                    ),
+                )
+            ],
+            arguments=[
+                "--input", PROCESSING_INPUT,
+                "--output", PROCESSING_OUTPUT,
+                "--tokenizer", f"{PROCESSING_INPUT}/tokenizer.json",
+            ],
+        )
+        return ProcessingStep(name=STEP_TOKENIZE, step_args=step_args)
+
+
+def _iter_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every step, including those nested in condition steps."""
+    found: list[dict[str, Any]] = []
+    for step in steps:
+        found.append(step)
+        arguments = step.get("Arguments", {})
+        if step.get("Type") == "Condition":
+            found.extend(_iter_steps(arguments.get("IfSteps", [])))
+            found.extend(_iter_steps(arguments.get("ElseSteps", [])))
+    return found
+
+
+def _fill_sdk_gaps(definition: dict[str, Any], spec: PipelineSpec, job_prefix: str) -> None:
+    """Set what the SDK's typed objects cannot hold (see the module docstring)."""
+    for step in _iter_steps(definition["Steps"]):
+        arguments = step["Arguments"]
+        if step["Type"] == "Training":
+            arguments["TrainingJobName"] = job_prefix
+            stopping = arguments.setdefault("StoppingCondition", {})
+            stopping["MaxRuntimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_RUNTIME_SECONDS}"}
+            if arguments.get("EnableManagedSpotTraining"):
+                stopping["MaxWaitTimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
+        elif step["Type"] == "Processing":
+            arguments["ProcessingJobName"] = f"{job_prefix}-tok"[:40]
