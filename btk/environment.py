@@ -8,8 +8,8 @@ built: a bad value fails synth with one line naming the field and the fix.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
-from typing import Annotated, Literal, Union
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,9 +36,7 @@ class DataStageConfig(BaseModel):
     @classmethod
     def _capacity(cls, value: int) -> int:
         if value != 1200 and (value <= 0 or value % 2400):
-            raise ValueError(
-                f"{value} GiB is not a valid PERSISTENT_2 size: use 1200 or a multiple of 2400"
-            )
+            raise ValueError(f"{value} GiB is not a valid PERSISTENT_2 size: use 1200 or a multiple of 2400")
         return value
 
     @field_validator("fsx_throughput_per_tib")
@@ -52,7 +50,7 @@ class DataStageConfig(BaseModel):
     @field_validator("fsx_directory")
     @classmethod
     def _directory(cls, value: str) -> str:
-        if not value.startswith("/") or "//" in value or value.endswith("/") and value != "/":
+        if not value.startswith("/") or "//" in value or (value.endswith("/") and value != "/"):
             raise ValueError("must be an absolute path like /datasets (no trailing slash)")
         return value
 
@@ -75,7 +73,9 @@ class ExistingPlanCapacity(BaseModel):
     @classmethod
     def _arn(cls, value: str) -> str:
         if not re.match(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/[a-zA-Z0-9-]{1,63}$", value):
-            raise ValueError("must be a SageMaker training plan ARN (arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)")
+            raise ValueError(
+                "must be a SageMaker training plan ARN (arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)"
+            )
         return value
 
 
@@ -95,7 +95,7 @@ class ReservePlanCapacity(BaseModel):
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
+            return value.replace(tzinfo=UTC)
         return value
 
     @model_validator(mode="after")
@@ -111,16 +111,14 @@ class ReservePlanCapacity(BaseModel):
         if self.max_upfront_fee is None:
             raise ValueError("max_upfront_fee is required in reserve mode: set the most you will pay")
         if not self.purchase_approved:
-            raise ValueError(
-                "purchase_approved must be true in reserve mode: buying a plan charges an up-front fee"
-            )
+            raise ValueError("purchase_approved must be true in reserve mode: buying a plan charges an up-front fee")
         if self.end_before is not None and self.end_before <= self.start_after:
             raise ValueError("end_before must be after start_after")
         return self
 
 
 CapacityConfig = Annotated[
-    Union[OnDemandCapacity, ExistingPlanCapacity, ReservePlanCapacity],
+    OnDemandCapacity | ExistingPlanCapacity | ReservePlanCapacity,
     Field(discriminator="mode"),
 ]
 
@@ -171,7 +169,30 @@ class EnvironmentConfig(BaseModel):
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
-        allowed = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+        allowed = (
+            1,
+            3,
+            5,
+            7,
+            14,
+            30,
+            60,
+            90,
+            120,
+            150,
+            180,
+            365,
+            400,
+            545,
+            731,
+            1096,
+            1827,
+            2192,
+            2557,
+            2922,
+            3288,
+            3653,
+        )
         if value not in allowed:
             raise ValueError(f"{value} is not a CloudWatch Logs retention; use e.g. 7, 30, 90 or 365")
         return value

@@ -4,9 +4,10 @@ Every number carries its source and the date it was read (``Fact``). Prices are 
 list prices in USD per instance-hour and change over time: they are marked as estimates
 and should be checked against the current price list before budgeting.
 
-``achieved_matmul_fraction`` is not a datasheet number: it is the fraction of dense peak
-that a well-tuned PyTorch training step reaches on the GPU's matmuls, calibrated against
-published torchtitan measurements (see ``docs/calibration.md``).
+``achieved_matmul_fraction`` and ``non_matmul_overhead`` are not datasheet numbers: they are
+the fraction of dense peak a PyTorch (torchtitan-style) training step reaches on the GPU's
+matmuls, and the non-matmul time relative to the bf16 matmul time, fitted by
+``benchmarks/calibrate.py`` to published torchtitan measurements (``docs/calibration.md``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class GpuSpec:
     dense_tflops: dict[str, Fact]
     nvlink_gbps_per_direction: Fact
     achieved_matmul_fraction: Fact
+    non_matmul_overhead: Fact
 
     @property
     def supported_precisions(self) -> tuple[str, ...]:
@@ -88,7 +90,10 @@ B200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(
-        0.40, "fitted to torchtitan Llama 3 8B on 8x B200 (power-limited), 2025-08", "2025-08"
+        0.432, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x B200 (power-limited), bf16+fp8", "2025-08"
+    ),
+    non_matmul_overhead=Fact(
+        0.652, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x B200 (power-limited), bf16+fp8", "2025-08"
     ),
 )
 
@@ -103,7 +108,12 @@ H200 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H200_DATASHEET, "2024-11"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
-    achieved_matmul_fraction=Fact(0.62, "fitted to torchtitan Llama 3 8B on 8x H100, 2024-12", "2024-12"),
+    achieved_matmul_fraction=Fact(
+        0.577, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+    ),
+    non_matmul_overhead=Fact(
+        0.209, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+    ),
 )
 
 H100 = GpuSpec(
@@ -117,7 +127,12 @@ H100 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H100_DATASHEET, "2024-06"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
-    achieved_matmul_fraction=Fact(0.62, "fitted to torchtitan Llama 3 8B on 8x H100, 2024-12", "2024-12"),
+    achieved_matmul_fraction=Fact(
+        0.577, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+    ),
+    non_matmul_overhead=Fact(
+        0.209, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+    ),
 )
 
 A100_80GB = GpuSpec(
@@ -127,7 +142,12 @@ A100_80GB = GpuSpec(
     hbm_bandwidth_tbps=Fact(2.039, NVIDIA_A100_DATASHEET, "2023-06"),
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
-    achieved_matmul_fraction=Fact(0.62, "assumed equal to Hopper's fit (no calibration run)", "2024-12", estimate=True),
+    achieved_matmul_fraction=Fact(
+        0.577, "assumed equal to Hopper's fit (no A100 calibration run)", "2024-12", estimate=True
+    ),
+    non_matmul_overhead=Fact(
+        0.209, "assumed equal to Hopper's fit (no A100 calibration run)", "2024-12", estimate=True
+    ),
 )
 
 # Reference GPU of the torchtitan 2024-12 benchmarks: H100 with 96 GB HBM2e at 500 W.
@@ -139,6 +159,7 @@ H100_96GB_GRAND_TETON = GpuSpec(
     dense_tflops=H100.dense_tflops,
     nvlink_gbps_per_direction=H100.nvlink_gbps_per_direction,
     achieved_matmul_fraction=H100.achieved_matmul_fraction,
+    non_matmul_overhead=H100.non_matmul_overhead,
 )
 
 PRICE_NOTE = "AWS on-demand list price, us-east-1, approximate; verify before budgeting"
@@ -147,25 +168,33 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     instance.name: instance
     for instance in (
         InstanceType(
-            "ml.p6-b200.48xlarge", B200, 8,
+            "ml.p6-b200.48xlarge",
+            B200,
+            8,
             efa_gbps_per_node=Fact(3200.0, "AWS P6-B200 instance page: 3.2 Tbps EFAv4", "2025-05"),
             usd_per_hour=Fact(113.93, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p6-b200", "b200"),
         ),
         InstanceType(
-            "ml.p5en.48xlarge", H200, 8,
+            "ml.p5en.48xlarge",
+            H200,
+            8,
             efa_gbps_per_node=Fact(3200.0, "AWS P5en instance page: 3.2 Tbps EFAv3", "2024-09"),
             usd_per_hour=Fact(63.30, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p5en", "h200"),
         ),
         InstanceType(
-            "ml.p5.48xlarge", H100, 8,
+            "ml.p5.48xlarge",
+            H100,
+            8,
             efa_gbps_per_node=Fact(3200.0, "AWS P5 instance page: 3.2 Tbps EFAv2", "2023-07"),
             usd_per_hour=Fact(55.04, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p5", "h100"),
         ),
         InstanceType(
-            "ml.p4de.24xlarge", A100_80GB, 8,
+            "ml.p4de.24xlarge",
+            A100_80GB,
+            8,
             efa_gbps_per_node=Fact(400.0, "AWS P4de instance page: 400 Gbps EFA", "2022-05"),
             usd_per_hour=Fact(27.45, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p4de", "a100"),
@@ -189,3 +218,22 @@ def get_instance_type(name: str) -> InstanceType:
 
 def supports_precision(instance: InstanceType, precision: Precision) -> bool:
     return instance.gpu.supports(precision)
+
+
+# Systems of published measurements, used to calibrate the models (not SageMaker instances).
+REFERENCE_SYSTEMS: dict[str, InstanceType] = {
+    "torchtitan-h100-96gb-8gpu": InstanceType(
+        "torchtitan-h100-96gb-8gpu",
+        H100_96GB_GRAND_TETON,
+        8,
+        efa_gbps_per_node=Fact(3200.0, "torchtitan benchmark: 400 Gb/s RDMA per GPU", "2024-12"),
+        usd_per_hour=Fact(0.0, "not a rentable instance", "2024-12", estimate=True),
+    ),
+    "torchtitan-b200-8gpu": InstanceType(
+        "torchtitan-b200-8gpu",
+        B200,
+        8,
+        efa_gbps_per_node=Fact(3200.0, "single node: not used", "2025-08"),
+        usd_per_hour=Fact(0.0, "not a rentable instance", "2025-08", estimate=True),
+    ),
+}

@@ -34,7 +34,9 @@ class JobSettings(BaseModel):
     checkpoint_interval_steps: int = Field(default=500, ge=1)
     keep_last_checkpoints: int = Field(default=3, ge=1)
     log_interval_steps: int = Field(default=10, ge=1)
-    init_from: str = Field(default="", description="directory of a Hugging Face safetensors checkpoint to fine-tune")
+    init_from: str | None = Field(
+        default=None, description="directory of a Hugging Face safetensors checkpoint to fine-tune"
+    )
     max_steps: int | None = Field(default=None, ge=1, description="stop after this many steps (else from total tokens)")
 
 
@@ -92,7 +94,7 @@ def from_hyperparameters(hyperparameters: dict[str, str]) -> JobHyperparameters:
                 except json.JSONDecodeError:
                     raise BtkError(f"hyperparameter {key}: not valid JSON") from None
     try:
-        return JobHyperparameters(knobs=knobs, **sections)  # type: ignore[arg-type]
+        return JobHyperparameters(knobs=knobs, **sections)
     except ValidationError as error:
         message = one_line(error)
         for prefix, attribute in _SECTIONS.items():

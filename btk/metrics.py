@@ -6,7 +6,10 @@ pipeline's ``MetricDefinitions`` come from :data:`METRIC_DEFINITIONS`. Both deri
 
 Example line::
 
-    btk_metric step=20 loss=2.734100 tokens_per_second_per_gpu=9123.4 tflops_per_gpu=512.7 mfu=0.4321 peak_memory_gib=71.25
+    btk_metric step=20 loss=2.734100 tokens_per_second_per_gpu=9123.4 tflops_per_gpu=512.7
+        mfu=0.4321 peak_memory_gib=71.25
+
+(printed as one line; wrapped here).
 """
 
 from __future__ import annotations

@@ -174,26 +174,21 @@ class ModelProfile(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> ModelProfile:
         if not PROFILE_NAME.match(self.name):
-            raise ValueError(
-                f"name {self.name!r} must be a lower-case slug (letters, digits, '.', '-')"
-            )
+            raise ValueError(f"name {self.name!r} must be a lower-case slug (letters, digits, '.', '-')")
         if self.training.seq_len > self.architecture.max_context:
             raise ValueError(
                 f"training.seq_len ({self.training.seq_len}) exceeds architecture.max_context "
                 f"({self.architecture.max_context}); lower seq_len or raise max_context"
             )
         if self.training.global_batch_tokens < self.training.seq_len:
-            raise ValueError(
-                "training.global_batch_tokens must hold at least one sequence of training.seq_len"
-            )
+            raise ValueError("training.global_batch_tokens must hold at least one sequence of training.seq_len")
         tp = self.pinned.tensor_parallel
         if tp is not None:
             if tp not in (1, 2, 4, 8):
                 raise ValueError("pinned.tensor_parallel must be one of 1, 2, 4, 8")
             if self.architecture.num_kv_heads % tp:
                 raise ValueError(
-                    f"pinned.tensor_parallel ({tp}) must divide num_kv_heads "
-                    f"({self.architecture.num_kv_heads})"
+                    f"pinned.tensor_parallel ({tp}) must divide num_kv_heads ({self.architecture.num_kv_heads})"
                 )
         return self
 

@@ -11,6 +11,4 @@ from profiles import llama, qwen
 
 FAMILY_MODULES = (llama, qwen)
 
-PROFILES: tuple[ModelProfile, ...] = tuple(
-    profile for module in FAMILY_MODULES for profile in module.PROFILES
-)
+PROFILES: tuple[ModelProfile, ...] = tuple(profile for module in FAMILY_MODULES for profile in module.PROFILES)

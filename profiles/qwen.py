@@ -11,17 +11,33 @@ from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
 QWEN25_VOCAB = 152064
 
 
-def _qwen25(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-            published: int, total_tokens: int, hf_id: str) -> ModelProfile:
+def _qwen25(
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    published: int,
+    total_tokens: int,
+    hf_id: str,
+) -> ModelProfile:
     return ModelProfile(
         name=name,
         family="qwen",
         description=f"Qwen2.5 {name.split('-')[-1].upper()}",
         architecture=ModelArchitecture(
-            num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-            num_kv_heads=kv_heads, ffn_hidden_size=ffn, vocab_size=QWEN25_VOCAB,
-            tied_embeddings=False, max_context=32768, attention_bias=True,
-            rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+            num_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            ffn_hidden_size=ffn,
+            vocab_size=QWEN25_VOCAB,
+            tied_embeddings=False,
+            max_context=32768,
+            attention_bias=True,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
         ),
         training=TrainingIntent(seq_len=8192, global_batch_tokens=4_194_304, total_tokens=total_tokens),
         published_parameter_count=published,

@@ -1,0 +1,179 @@
+"""Per-GPU peak memory of one training step (FSDP2 / HSDP / DDP, optional TP).
+
+The model sums, at the step's peak phase:
+
+* **parameters, gradients, optimizer** — mixed-precision AdamW keeps fp32 master weights
+  (4 B/param), fp32 gradients (4 B/param, FSDP2 ``reduce_dtype=float32``) and two fp32 moments
+  (8 B/param): the 16 bytes/parameter of ZeRO (Rajbhandari et al. 2020, §3.1), divided by the
+  sharding degree and the tensor-parallel degree.
+* **activations** — what autograd saves per token per layer, by checkpointing mode, in the
+  style of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+  Models", §4.1, eq. 1) adapted to a Llama block with SDPA/flash attention (no ``a·s²``
+  score term), GQA and SwiGLU; bf16 = 2 bytes per element:
+
+  - ``none``: x, norm(x), q, k, v, attention out, its contiguous copy, h, norm(h)
+    (7·h + 2·kv elements) plus gate, up, silu(gate), gate·up (4·f) → ``14h + 4kv + 8f`` bytes;
+  - ``selective`` (torchtitan per-op policy: keep SDPA outputs and every other matmul
+    output — wq, wv, w1, w2 — recompute the rest): block input + SDPA out + those outputs →
+    ``8h + 2kv + 2f`` bytes, plus one layer's recompute working set in backward;
+  - ``full``: only each block's input, ``2h`` bytes, plus one layer's full working set.
+
+  Without ``torch.compile`` eager RMSNorm keeps two fp32 intermediates per norm (+16h).
+  Tensor parallelism (no sequence parallelism) divides the head- and FFN-sharded terms.
+* **logits** — with a fused/compiled cross-entropy the bf16 logits and their gradient
+  (4 B/vocab entry/token); the eager fp32 ``cross_entropy(logits.float())`` of older scripts
+  peaks at bf16 logits + fp32 copy + fp32 log-softmax + fp32 gradient (14 B).
+* **other** — FSDP parameters gathered in flight (output head + one block in bf16 at the loss;
+  two blocks + one block's fp32 gradient in backward), as Megatron-LM's
+  ``theoretical_memory_usage.py`` accounts for buffers outside the weights.
+
+Two phases can be the peak: the loss (all activations + logits) and the first backward
+recompute (all activations + one layer's working set). The breakdown reports the larger.
+Calibration against torchtitan measurements: ``docs/calibration.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from btk.knobs import TrainingKnobs
+from btk.profile import ModelArchitecture
+
+GIB = 1024**3
+BF16 = 2
+FP32 = 4
+ADAM_STATE_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a job's GPUs are used: world size, tensor-parallel degree, sharding degree."""
+
+    world_size: int
+    gpus_per_node: int
+    tensor_parallel: int
+    shard_degree: int
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.tensor_parallel
+
+
+def parallelism_for(knobs: TrainingKnobs, gpus_per_node: int, nodes: int) -> Parallelism:
+    """Derive the sharding degree from the knobs and the cluster shape."""
+    world = gpus_per_node * nodes
+    tp = knobs.tensor_parallel
+    dp = world // tp
+    if knobs.sharding == "full_shard":
+        shard = dp
+    elif knobs.sharding == "hybrid_shard":
+        shard = max(1, min(dp, gpus_per_node // tp))
+    else:
+        shard = 1
+    return Parallelism(world_size=world, gpus_per_node=gpus_per_node, tensor_parallel=tp, shard_degree=shard)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU peak memory in GiB, by category (the ``memory_gib`` JSON object)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    other: float
+    total: float
+    capacity: float
+    peak_phase: str
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+    def as_json(self) -> dict[str, float]:
+        data = asdict(self)
+        data.pop("peak_phase")
+        return {key: round(value, 2) for key, value in data.items()}
+
+    def largest_part(self) -> str:
+        parts = {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "logits": self.logits,
+            "other": self.other,
+        }
+        return max(parts, key=lambda key: parts[key])
+
+
+def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """Bytes autograd keeps per token per layer between forward and backward."""
+    h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, knobs.tensor_parallel
+    if knobs.activation_checkpointing == "none":
+        saved = (6 * h + 2 * kv + 4 * f) * BF16 / t + 4 * h * BF16  # sharded + replicated parts
+        if not knobs.compile:
+            saved += 16 * h  # two fp32 intermediates per eager RMSNorm, two norms
+        return saved
+    if knobs.activation_checkpointing == "selective":
+        return (2 * h + kv + f) * BF16 / t + 2 * h * BF16  # wq, SDPA, wv, w1 | block input, w2
+    return 2 * h * BF16  # full: block input only
+
+
+def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """One layer's activations re-created during its recompute + backward."""
+    if knobs.activation_checkpointing == "none":
+        return 0.0
+    full = knobs.model_copy(update={"activation_checkpointing": "none"})
+    return saved_activation_bytes_per_token_per_layer(arch, full)
+
+
+def logits_peak_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """Peak bytes of the output logits and the loss per token."""
+    per_vocab = 4 if knobs.fused_loss else 14
+    return per_vocab * arch.vocab_size / knobs.tensor_parallel
+
+
+def estimate_memory(
+    arch: ModelArchitecture, knobs: TrainingKnobs, gpus_per_node: int, nodes: int, capacity_gib: float
+) -> MemoryBreakdown:
+    """Per-GPU peak memory for one training step with these knobs."""
+    par = parallelism_for(knobs, gpus_per_node, nodes)
+    tp = par.tensor_parallel
+    n_local = arch.parameter_count / tp / par.shard_degree
+    parameters = FP32 * n_local
+    gradients = FP32 * n_local
+    optimizer = ADAM_STATE_BYTES * n_local
+
+    tokens = knobs.micro_batch_size * knobs.seq_len
+    saved = saved_activation_bytes_per_token_per_layer(arch, knobs) * tokens * arch.num_layers
+    working_set = layer_working_set_bytes_per_token(arch, knobs) * tokens
+    logits = logits_peak_bytes_per_token(arch, knobs) * tokens
+
+    block_bf16 = arch.parameters_per_layer * BF16 / tp
+    head_bf16 = arch.vocab_size * arch.hidden_size * BF16 / tp
+    sharded = par.shard_degree > 1
+    in_flight_loss = (head_bf16 + block_bf16) if sharded else 0.0
+    in_flight_backward = (2 * block_bf16 + arch.parameters_per_layer * FP32 / tp) if sharded else 0.0
+
+    loss_phase = saved + logits + in_flight_loss
+    backward_phase = saved + working_set + in_flight_backward
+    if loss_phase >= backward_phase:
+        activations, logits_part, other, phase = saved, logits, in_flight_loss, "loss"
+    else:
+        activations, logits_part, other, phase = saved + working_set, 0.0, in_flight_backward, "backward"
+
+    static = parameters + gradients + optimizer
+    total = static + activations + logits_part + other
+    return MemoryBreakdown(
+        parameters=parameters / GIB,
+        gradients=gradients / GIB,
+        optimizer=optimizer / GIB,
+        activations=activations / GIB,
+        logits=logits_part / GIB,
+        other=other / GIB,
+        total=total / GIB,
+        capacity=capacity_gib,
+        peak_phase=phase,
+    )

@@ -1,0 +1,380 @@
+"""The knob planner: search the feasible knobs for (profile, instance type, nodes), pick the
+fastest, explain each choice in one line, and compare with the legacy baseline.
+
+Search space: every precision the GPU supports, checkpointing ``none``/``selective``/``full``,
+FSDP full shard (plus hybrid shard on several nodes, and no shard), tensor parallelism
+1/2/4/8 where it divides the KV heads and fits in a node, power-of-two micro-batches up to
+the target global batch, ``torch.compile`` and a fused loss on. Pinned knobs restrict the
+space. A candidate is feasible when its peak memory is at most ``MEMORY_SAFETY_FRACTION`` of
+HBM. The best is the highest tokens/s per GPU at the planner's 1 % resolution; ties go to
+less memory, then to the earlier candidate in a fixed order, so plans are deterministic.
+
+The *legacy baseline* is what teams port from 80 GB-era configs: full activation
+checkpointing, micro-batch 1, bf16, FSDP full shard, eager fp32 cross-entropy (``torch.compile``
+on the blocks is kept, so the speed-up shown comes from the memory knobs alone).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from btk.environment import EnvironmentConfig
+from btk.errors import InfeasiblePlanError
+from btk.hardware import InstanceType, get_instance_type
+from btk.knobs import CHECKPOINTING_MODES, TENSOR_PARALLEL_DEGREES, TrainingKnobs, knobs_to_hyperparameters
+from btk.memory import MemoryBreakdown, estimate_memory
+from btk.profile import ModelProfile
+from btk.throughput import Estimate, estimate_throughput, gradient_accumulation_for
+
+MEMORY_SAFETY_FRACTION = 0.90
+SPEED_RESOLUTION = 0.01
+MAX_MICRO_BATCH = 64
+PRECISION_ORDER = ("bf16", "fp8_rowwise", "fp8_tensorwise", "mxfp8")
+SHARDING_ORDER = ("full_shard", "hybrid_shard", "no_shard")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Memory and speed of one knob set on one cluster."""
+
+    knobs: TrainingKnobs
+    memory: MemoryBreakdown
+    estimate: Estimate
+    budget_gib: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.budget_gib
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "knobs": self.knobs.model_dump(),
+            "memory_gib": self.memory.as_json(),
+            "estimate": self.estimate.as_json(),
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen knobs with their evaluation, the baseline, alternatives and reasons."""
+
+    profile: ModelProfile
+    instance: InstanceType
+    nodes: int
+    evaluation: Evaluation
+    baseline: Evaluation | None
+    alternatives: tuple[Evaluation, ...]
+    explanations: tuple[str, ...]
+    candidates: tuple[Evaluation, ...] = field(repr=False, default=())
+
+    @property
+    def knobs(self) -> TrainingKnobs:
+        return self.evaluation.knobs
+
+    @property
+    def speedup_vs_baseline(self) -> float | None:
+        if self.baseline is None:
+            return None
+        return self.evaluation.estimate.tokens_per_second_per_gpu / self.baseline.estimate.tokens_per_second_per_gpu
+
+    def hyperparameters(self) -> dict[str, str]:
+        return knobs_to_hyperparameters(self.knobs)
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented ``btk plan --json`` object (see README, "plan JSON")."""
+        chosen = self.evaluation.as_json()
+        return {
+            "profile": self.profile.name,
+            "instance_type": self.instance.name,
+            "nodes": self.nodes,
+            "gpus": self.nodes * self.instance.gpus_per_node,
+            "parameters": self.profile.parameter_count,
+            "knobs": chosen["knobs"],
+            "memory_gib": chosen["memory_gib"],
+            "estimate": chosen["estimate"],
+            "baseline": self.baseline.as_json() if self.baseline else None,
+            "speedup_vs_baseline": round(self.speedup_vs_baseline, 3) if self.speedup_vs_baseline else None,
+            "explanations": list(self.explanations),
+            "alternatives": [alternative.as_json() for alternative in self.alternatives],
+        }
+
+
+def memory_budget_gib(instance: InstanceType) -> float:
+    return instance.hbm_gib * MEMORY_SAFETY_FRACTION
+
+
+def evaluate_knobs(profile: ModelProfile, instance: InstanceType, nodes: int, knobs: TrainingKnobs) -> Evaluation:
+    """Memory and speed of a given knob set (no search): ``btk estimate``."""
+    check_runnable(profile, instance, nodes, knobs)
+    memory = estimate_memory(profile.architecture, knobs, instance.gpus_per_node, nodes, instance.hbm_gib)
+    estimate = estimate_throughput(profile.architecture, knobs, instance, nodes)
+    return Evaluation(knobs=knobs, memory=memory, estimate=estimate, budget_gib=memory_budget_gib(instance))
+
+
+def check_runnable(profile: ModelProfile, instance: InstanceType, nodes: int, knobs: TrainingKnobs) -> None:
+    """Reject knobs the hardware or the model cannot run, naming the field and the fix."""
+    gpu = instance.gpu
+    if not gpu.supports(knobs.precision):
+        supported = ", ".join(gpu.supported_precisions)
+        raise InfeasiblePlanError(
+            f"precision {knobs.precision} is not supported on {instance.name} ({gpu.name}); use one of: {supported}"
+        )
+    arch = profile.architecture
+    if knobs.seq_len > arch.max_context:
+        raise InfeasiblePlanError(
+            f"seq_len {knobs.seq_len} exceeds {profile.name}'s max_context {arch.max_context}; lower seq_len"
+        )
+    tp = knobs.tensor_parallel
+    if tp > instance.gpus_per_node:
+        raise InfeasiblePlanError(f"tensor_parallel {tp} exceeds the {instance.gpus_per_node} GPUs of a node")
+    if arch.num_kv_heads % tp or arch.num_attention_heads % tp:
+        raise InfeasiblePlanError(
+            f"tensor_parallel {tp} must divide num_kv_heads ({arch.num_kv_heads}) and "
+            f"num_attention_heads ({arch.num_attention_heads})"
+        )
+    if knobs.sharding == "hybrid_shard" and nodes < 2:
+        raise InfeasiblePlanError("sharding hybrid_shard needs at least 2 nodes; use full_shard")
+    if nodes < 1:
+        raise InfeasiblePlanError("nodes must be at least 1")
+
+
+def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int) -> dict[str, tuple[Any, ...]]:
+    arch = profile.architecture
+    pins = profile.pinned.as_dict()
+    precisions = tuple(p for p in PRECISION_ORDER if instance.gpu.supports(p))
+    shardings = tuple(s for s in SHARDING_ORDER if s != "hybrid_shard" or nodes > 1)
+    tps = tuple(
+        t
+        for t in TENSOR_PARALLEL_DEGREES
+        if t <= instance.gpus_per_node and arch.num_kv_heads % t == 0 and arch.num_attention_heads % t == 0
+    )
+    micro_batches = tuple(2**i for i in range(0, 7) if 2**i <= MAX_MICRO_BATCH)
+    values: dict[str, tuple[Any, ...]] = {
+        "precision": precisions,
+        "activation_checkpointing": CHECKPOINTING_MODES,
+        "sharding": shardings,
+        "tensor_parallel": tps,
+        "micro_batch_size": micro_batches,
+        "compile": (True,),
+        "fused_loss": (True,),
+    }
+    for name, value in pins.items():
+        if name in values:
+            values[name] = (value,)
+    return values
+
+
+def _knobs_for(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> TrainingKnobs:
+    training = profile.training
+    world = instance.gpus_per_node * nodes
+    data_parallel = world // choice["tensor_parallel"]
+    accumulation = profile.pinned.gradient_accumulation_steps or gradient_accumulation_for(
+        training.global_batch_tokens, choice["micro_batch_size"], training.seq_len, data_parallel
+    )
+    return TrainingKnobs(seq_len=training.seq_len, gradient_accumulation_steps=accumulation, **choice)
+
+
+def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: int) -> list[Evaluation]:
+    """Every candidate knob set that the hardware can run (feasible or not), in fixed order."""
+    values = _candidate_values(profile, instance, nodes)
+    names = list(values)
+    evaluations = []
+    seen: set[TrainingKnobs] = set()
+    for combination in itertools.product(*(values[name] for name in names)):
+        choice = dict(zip(names, combination, strict=True))
+        if (
+            choice["micro_batch_size"] * profile.training.seq_len > profile.training.global_batch_tokens
+            and choice["micro_batch_size"] > 1
+            and "micro_batch_size" not in profile.pinned.as_dict()
+        ):
+            continue
+        knobs = _knobs_for(profile, instance, nodes, **choice)
+        if knobs in seen:
+            continue
+        seen.add(knobs)
+        evaluations.append(evaluate_knobs(profile, instance, nodes, knobs))
+    return evaluations
+
+
+def speed_bucket(tokens_per_second: float) -> int:
+    """Throughput on a log scale with ``SPEED_RESOLUTION`` steps: the planner's resolution.
+
+    The models are not accurate to better than a few per cent, so candidates in the same
+    bucket count as equally fast and the one with more memory headroom wins. Bucketing is
+    monotone, so more HBM still never yields a slower best plan.
+    """
+    return math.floor(math.log(max(tokens_per_second, 1e-9)) / math.log(1 + SPEED_RESOLUTION))
+
+
+def _rank_key(evaluation: Evaluation) -> tuple[int, float]:
+    return (-speed_bucket(evaluation.estimate.tokens_per_second_per_gpu), evaluation.memory.total)
+
+
+def _pin_overflow_message(profile: ModelProfile, instance: InstanceType, candidates: list[Evaluation]) -> str:
+    pins = ", ".join(f"{key}={value}" for key, value in profile.pinned.as_dict().items())
+    smallest = min(candidates, key=lambda evaluation: evaluation.memory.total)
+    memory = smallest.memory
+    over = memory.total - smallest.budget_gib
+    prefix = f"pinned {pins} does not fit" if pins else f"{profile.name} does not fit"
+    return (
+        f"{prefix} on {instance.name}: the smallest configuration needs {memory.total:.1f} GiB per GPU, "
+        f"{over:.1f} GiB over the {smallest.budget_gib:.1f} GiB budget ({memory.largest_part()} "
+        f"{getattr(memory, memory.largest_part()):.1f} GiB is the largest part); add nodes, "
+        "raise tensor_parallel or unpin"
+    )
+
+
+def legacy_baseline_knobs(profile: ModelProfile, instance: InstanceType, nodes: int) -> TrainingKnobs:
+    return _knobs_for(
+        profile,
+        instance,
+        nodes,
+        micro_batch_size=1,
+        precision="bf16",
+        activation_checkpointing="full",
+        sharding="full_shard",
+        tensor_parallel=1,
+        compile=True,
+        fused_loss=False,
+    )
+
+
+def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) -> Plan:
+    """Search the knobs and return the fastest feasible plan.
+
+    Raises:
+        InfeasiblePlanError: nothing fits (naming what overflows and by how much), or a pin
+            the hardware cannot run.
+    """
+    if nodes < 1:
+        raise InfeasiblePlanError("nodes must be at least 1")
+    pins = profile.pinned.as_dict()
+    if "precision" in pins:
+        check_runnable(
+            profile,
+            instance,
+            nodes,
+            TrainingKnobs(micro_batch_size=1, seq_len=profile.training.seq_len, precision=pins["precision"]),
+        )
+    candidates = enumerate_candidates(profile, instance, nodes)
+    if not candidates:
+        raise InfeasiblePlanError(f"no knob set of {profile.name} can run on {instance.name} with these pins")
+    feasible = sorted((c for c in candidates if c.fits), key=_rank_key)
+    if not feasible:
+        raise InfeasiblePlanError(_pin_overflow_message(profile, instance, candidates))
+    best = feasible[0]
+    baseline_knobs = legacy_baseline_knobs(profile, instance, nodes)
+    baseline = evaluate_knobs(profile, instance, nodes, baseline_knobs)
+    alternatives = tuple(_distinct_alternatives(feasible[1:], best, limit=4))
+    return Plan(
+        profile=profile,
+        instance=instance,
+        nodes=nodes,
+        evaluation=best,
+        baseline=baseline if baseline.fits else None,
+        alternatives=alternatives,
+        explanations=tuple(explain(best, candidates, pins)),
+        candidates=tuple(candidates),
+    )
+
+
+def _distinct_alternatives(ranked: list[Evaluation], best: Evaluation, limit: int) -> list[Evaluation]:
+    """Runner-up plans that differ from the best in more than gradient accumulation."""
+    chosen: list[Evaluation] = []
+    for evaluation in ranked:
+        if len(chosen) == limit:
+            break
+        chosen.append(evaluation)
+    return chosen
+
+
+EXPLAINED_KNOBS = ("activation_checkpointing", "micro_batch_size", "precision", "sharding", "tensor_parallel")
+
+
+def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]) -> list[str]:
+    """One line per knob: why this value, against the best candidate with another value."""
+    lines = []
+    chosen = best.knobs
+    spare = best.budget_gib - best.memory.total
+    for name in EXPLAINED_KNOBS:
+        value = getattr(chosen, name)
+        if name in pins:
+            lines.append(f"{name} {value}: pinned by the profile")
+            continue
+        others = [c for c in candidates if getattr(c.knobs, name) != value]
+        if not others:
+            lines.append(f"{name} {value}: the only value this hardware and model allow")
+            continue
+        feasible_others = sorted((c for c in others if c.fits), key=_rank_key)
+        if name == "activation_checkpointing" and value == "none":
+            lines.append(f"activation checkpointing off: fits with {spare:.0f} GiB to spare")
+            continue
+        if feasible_others:
+            rival = feasible_others[0]
+            slower = 1 - rival.estimate.tokens_per_second_per_gpu / best.estimate.tokens_per_second_per_gpu
+            rival_value = getattr(rival.knobs, name)
+            if speed_bucket(rival.estimate.tokens_per_second_per_gpu) >= speed_bucket(
+                best.estimate.tokens_per_second_per_gpu
+            ):
+                saved = rival.memory.total - best.memory.total
+                lines.append(
+                    f"{name} {value}: as fast as {rival_value} within the planner's "
+                    f"{SPEED_RESOLUTION:.0%} resolution, with {saved:.0f} GiB less memory"
+                )
+                continue
+            lines.append(
+                f"{name} {value}: best alternative {rival_value} is {slower:.1%} slower "
+                f"({rival.estimate.tokens_per_second_per_gpu:,.0f} vs "
+                f"{best.estimate.tokens_per_second_per_gpu:,.0f} tokens/s/GPU)"
+            )
+        else:
+            smallest = min(others, key=lambda c: c.memory.total)
+            lines.append(
+                f"{name} {value}: every other value overflows memory "
+                f"(at best {smallest.memory.total:.0f} GiB > {best.budget_gib:.0f} GiB budget)"
+            )
+    return lines
+
+
+def plan_environment(env: EnvironmentConfig) -> dict[str, Plan]:
+    """Plans for every profile of an environment on its instance type and count."""
+    from btk.catalog import get_profile
+
+    instance = get_instance_type(env.instance_type)
+    return {name: plan_profile(get_profile(name), instance, env.instance_count) for name in env.profiles}
+
+
+def longest_sequence_one_node(profile: ModelProfile, instance: InstanceType, step: int = 1024) -> int:
+    """Longest seq_len (a multiple of ``step``, ≤ max_context) that trains on one node, TP 1.
+
+    Uses micro-batch 1, FSDP full shard, full activation checkpointing and a fused loss: the
+    most memory-frugal knobs, so this answers "what experiments become possible".
+    """
+    arch = profile.architecture
+
+    def fits(seq_len: int) -> bool:
+        knobs = TrainingKnobs(
+            micro_batch_size=1,
+            seq_len=seq_len,
+            activation_checkpointing="full",
+            sharding="full_shard",
+            tensor_parallel=1,
+            precision="bf16",
+        )
+        memory = estimate_memory(arch, knobs, instance.gpus_per_node, 1, instance.hbm_gib)
+        return memory.total <= memory_budget_gib(instance)
+
+    low, high = 0, arch.max_context // step
+    if high == 0 or not fits(step):
+        return 0
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid * step):
+            low = mid
+        else:
+            high = mid - 1
+    return low * step

@@ -1,0 +1,146 @@
+"""The `btk` planning commands: output, JSON shape, plots and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from btk.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_profiles_table_lists_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "profiles")
+    assert code == 0
+    for name in ("llama3.2-1b", "llama3.1-8b", "qwen2.5-32b", "llama-65b"):
+        assert name in out
+
+
+def test_plan_json_matches_planner(capsys: pytest.CaptureFixture[str]) -> None:
+    from btk.catalog import get_profile
+    from btk.hardware import get_instance_type
+    from btk.planner import plan_profile
+
+    code, out, _ = run(capsys, "plan", "llama3.2-3b", "--json")
+    assert code == 0
+    data = json.loads(out)
+    expected = plan_profile(get_profile("llama3.2-3b"), get_instance_type("ml.p6-b200.48xlarge"), 1)
+    assert data["knobs"] == expected.knobs.model_dump()
+    assert data["speedup_vs_baseline"] > 1
+    assert data["memory_gib"]["total"] <= data["memory_gib"]["capacity"]
+
+
+def test_plan_text_shows_baseline_and_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--instance", "ml.p5en.48xlarge", "--nodes", "2")
+    assert code == 0
+    assert "legacy baseline" in out and "speed-up over the legacy baseline" in out and "why:" in out
+
+
+def test_plan_env_plans_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--env", "staging", "--json")
+    assert code == 0
+    assert [p["profile"] for p in json.loads(out)] == ["llama3.2-1b", "llama3.2-3b", "llama3.1-8b"]
+
+
+def test_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "plan.png"
+    code, _, _ = run(capsys, "plan", "llama3.2-1b", "--plot", str(target))
+    assert code == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
+
+
+def test_estimate_applies_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "estimate",
+        "llama3.1-8b",
+        "--instance",
+        "ml.p5.48xlarge",
+        "--set",
+        "micro_batch_size=2",
+        "--set",
+        "activation_checkpointing=selective",
+        "--set",
+        "precision=fp8_tensorwise",
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["knobs"]["micro_batch_size"] == 2 and data["knobs"]["precision"] == "fp8_tensorwise"
+    assert data["fits"] is True
+
+
+def test_estimate_warns_when_it_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "estimate", "qwen2.5-32b", "--instance", "p5", "--set", "micro_batch_size=8")
+    assert code == 0 and "over the" in err
+
+
+def test_compare_answers_the_migration_question(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", "ml.p5.48xlarge,ml.p6-b200.48xlarge", "--json")
+    assert code == 0
+    rows = {row["instance_type"]: row for row in json.loads(out)["instances"]}
+    b200, h100 = rows["ml.p6-b200.48xlarge"], rows["ml.p5.48xlarge"]
+    assert b200["tokens_per_second_per_gpu"] > h100["tokens_per_second_per_gpu"]
+    assert b200["longest_seq_len_one_node"] > h100["longest_seq_len_one_node"] >= 8192
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "llama3.1-8x"], "unknown profile 'llama3.1-8x'; did you mean llama3.1-8b"),
+        (
+            ["plan", "llama3.1-8b", "--instance", "ml.p9.48xlarge"],
+            "instance type 'ml.p9.48xlarge' is not in the hardware catalog",
+        ),
+        (
+            ["estimate", "llama3.1-8b", "--instance", "p5", "--set", "precision=mxfp8"],
+            "precision mxfp8 is not supported on ml.p5.48xlarge",
+        ),
+        (
+            ["estimate", "llama3.1-8b", "--set", "seq_len=262144"],
+            "seq_len 262144 exceeds llama3.1-8b's max_context 131072",
+        ),
+        (
+            ["estimate", "llama3.1-8b", "--set", "micro_batch_size"],
+            "--set 'micro_batch_size' is malformed: use KEY=VALUE",
+        ),
+        (["estimate", "llama3.1-8b", "--set", "warp_speed=9"], "--set warp_speed: unknown knob"),
+        (["estimate", "llama3.1-8b", "--set", "tensor_parallel=3"], "tensor_parallel: must be one of 1, 2, 4, 8"),
+        (["plan", "llama3.1-8b", "--nodes", "0"], "argument --nodes: 0 must be at least 1"),
+        (["plan"], "plan needs a PROFILE"),
+        (["plan", "--env", "qa"], "unknown environment 'qa'"),
+        (["compare", "llama3.1-8b", "--instances", ","], "--instances is empty"),
+        (["plan", "llama3.1-8b", "--plot", "/tmp/x.jpg"], "must end in .png"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_console_script_does_not_import_cdk_torch_boto3_or_sagemaker() -> None:
+    code = (
+        "import sys; from btk.cli import main; main(['plan', 'llama3.1-8b', '--json']); "
+        "heavy = [m for m in ('aws_cdk', 'torch', 'boto3', 'sagemaker', 'matplotlib') if m in sys.modules]; "
+        "sys.stderr.write(repr(heavy))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stderr == "[]"

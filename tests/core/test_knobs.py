@@ -1,0 +1,91 @@
+"""TrainingKnobs and job hyperparameters: lossless round trip through SageMaker strings."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from btk.catalog import all_profiles
+from btk.errors import BtkError
+from btk.hyperparameters import JobHyperparameters, JobSettings, from_hyperparameters, to_hyperparameters
+from btk.knobs import (
+    CHECKPOINTING_MODES,
+    PRECISIONS,
+    SHARDING_MODES,
+    TENSOR_PARALLEL_DEGREES,
+    TrainingKnobs,
+    knobs_from_hyperparameters,
+    knobs_to_hyperparameters,
+)
+
+knobs_strategy = st.builds(
+    TrainingKnobs,
+    micro_batch_size=st.integers(1, 4096),
+    gradient_accumulation_steps=st.integers(1, 65536),
+    seq_len=st.integers(16, 1_048_576),
+    precision=st.sampled_from(PRECISIONS),
+    activation_checkpointing=st.sampled_from(CHECKPOINTING_MODES),
+    sharding=st.sampled_from(SHARDING_MODES),
+    tensor_parallel=st.sampled_from(TENSOR_PARALLEL_DEGREES),
+    compile=st.booleans(),
+    fused_loss=st.booleans(),
+)
+
+
+@given(knobs_strategy)
+def test_knobs_round_trip_through_string_hyperparameters(knobs: TrainingKnobs) -> None:
+    encoded = knobs_to_hyperparameters(knobs)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in encoded.items())
+    assert knobs_from_hyperparameters(encoded) == knobs
+
+
+@given(knobs_strategy, st.sampled_from(sorted(all_profiles())), st.integers(0, 2**31))
+def test_job_hyperparameters_round_trip(knobs: TrainingKnobs, profile_name: str, seed: int) -> None:
+    profile = all_profiles()[profile_name]
+    spec = JobHyperparameters(
+        knobs=knobs,
+        architecture=profile.architecture,
+        training=profile.training,
+        job=JobSettings(profile=profile.name, seed=seed),
+    )
+    encoded = to_hyperparameters(spec)
+    assert all(isinstance(v, str) and len(v) <= 2500 for v in encoded.values())
+    assert from_hyperparameters(encoded) == spec
+
+
+def test_bool_encoding_is_lowercase_true_false() -> None:
+    encoded = knobs_to_hyperparameters(TrainingKnobs(micro_batch_size=1, seq_len=128, compile=False))
+    assert encoded["compile"] == "false" and encoded["fused_loss"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("precision", "fp4", "precision"),
+        ("micro_batch_size", "zero", "micro_batch_size"),
+        ("tensor_parallel", "3", "tensor_parallel: must be one of 1, 2, 4, 8"),
+        ("seq_len", "-5", "seq_len"),
+    ],
+)
+def test_malformed_hyperparameters_give_one_line_naming_the_field(key: str, value: str, message: str) -> None:
+    encoded = knobs_to_hyperparameters(TrainingKnobs(micro_batch_size=1, seq_len=128))
+    encoded[key] = value
+    with pytest.raises(BtkError) as error:
+        knobs_from_hyperparameters(encoded)
+    text = str(error.value)
+    assert message in text and "\n" not in text
+
+
+def test_missing_architecture_field_is_named_with_its_prefix() -> None:
+    profile = all_profiles()["llama3.2-1b"]
+    spec = JobHyperparameters(
+        knobs=TrainingKnobs(micro_batch_size=1, seq_len=128),
+        architecture=profile.architecture,
+        training=profile.training,
+        job=JobSettings(profile=profile.name),
+    )
+    encoded = to_hyperparameters(spec)
+    del encoded["arch.hidden_size"]
+    with pytest.raises(BtkError, match=r"arch\.hidden_size"):
+        from_hyperparameters(encoded)

@@ -1,0 +1,178 @@
+"""The planner: feasibility, pins, monotonicity, the B200 thesis, and error messages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from btk.catalog import all_profiles, get_profile
+from btk.errors import InfeasiblePlanError
+from btk.hardware import INSTANCE_TYPES, Fact, InstanceType, get_instance_type
+from btk.knobs import TrainingKnobs
+from btk.planner import evaluate_knobs, plan_profile, speed_bucket
+from btk.profile import KnobPins
+
+B200 = get_instance_type("ml.p6-b200.48xlarge")
+SMALL_PROFILES = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b")
+
+
+@pytest.mark.parametrize("name", sorted(all_profiles()))
+def test_every_profile_plans_on_one_b200_node_or_explains(name: str) -> None:
+    profile = get_profile(name)
+    try:
+        plan = plan_profile(profile, B200, 1)
+    except InfeasiblePlanError as error:
+        message = str(error)
+        assert "GiB" in message and "budget" in message and "\n" not in message
+        return
+    assert plan.evaluation.fits
+    assert plan.evaluation.memory.total <= plan.evaluation.budget_gib
+    assert len(plan.explanations) == 5
+
+
+@pytest.mark.parametrize("name", SMALL_PROFILES)
+def test_small_models_on_b200_turn_checkpointing_off_and_beat_baseline(name: str) -> None:
+    plan = plan_profile(get_profile(name), B200, 1)
+    assert plan.knobs.activation_checkpointing == "none"
+    assert plan.baseline is not None
+    assert plan.baseline.knobs.activation_checkpointing == "full"
+    assert plan.baseline.knobs.micro_batch_size == 1 and plan.baseline.knobs.precision == "bf16"
+    assert plan.speedup_vs_baseline is not None and plan.speedup_vs_baseline > 1.2
+    assert plan.explanations[0].startswith("activation checkpointing off: fits with")
+
+
+def test_plans_are_deterministic() -> None:
+    profile = get_profile("qwen2.5-14b")
+    assert plan_profile(profile, B200, 2).to_json() == plan_profile(profile, B200, 2).to_json()
+
+
+def test_plan_json_has_documented_shape() -> None:
+    data = plan_profile(get_profile("llama3.1-8b"), B200, 1).to_json()
+    assert {
+        "profile",
+        "instance_type",
+        "nodes",
+        "knobs",
+        "memory_gib",
+        "estimate",
+        "baseline",
+        "speedup_vs_baseline",
+    } <= set(data)
+    assert set(data["memory_gib"]) == {
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "logits",
+        "other",
+        "total",
+        "capacity",
+    }
+    assert {"tokens_per_second_per_gpu", "mfu", "step_seconds", "usd_per_billion_tokens"} <= set(data["estimate"])
+    assert set(data["knobs"]) >= {
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "seq_len",
+        "precision",
+        "activation_checkpointing",
+        "sharding",
+        "tensor_parallel",
+        "compile",
+    }
+    assert data["baseline"]["knobs"]["activation_checkpointing"] == "full"
+
+
+def test_mxfp8_is_rejected_on_hopper_with_one_line() -> None:
+    profile = get_profile("llama3.1-8b").model_copy(update={"pinned": KnobPins(precision="mxfp8")})
+    with pytest.raises(InfeasiblePlanError, match=r"precision mxfp8 is not supported on ml.p5.48xlarge"):
+        plan_profile(profile, get_instance_type("ml.p5.48xlarge"), 1)
+
+
+def test_infeasible_pin_names_what_overflows_and_by_how_much() -> None:
+    profile = get_profile("qwen2.5-32b").model_copy(
+        update={"pinned": KnobPins(activation_checkpointing="none", micro_batch_size=4, tensor_parallel=1)}
+    )
+    with pytest.raises(InfeasiblePlanError) as error:
+        plan_profile(profile, get_instance_type("ml.p5.48xlarge"), 1)
+    message = str(error.value)
+    assert "pinned" in message and "activation_checkpointing=none" in message
+    assert "GiB over the" in message and "activations" in message
+
+
+def _with_hbm(instance: InstanceType, hbm: float) -> InstanceType:
+    gpu = dataclasses.replace(instance.gpu, hbm_gib=Fact(hbm, "test", "test"))
+    return dataclasses.replace(instance, gpu=gpu)
+
+
+pins_strategy = st.builds(
+    KnobPins,
+    micro_batch_size=st.none() | st.sampled_from([1, 2, 4]),
+    precision=st.none() | st.sampled_from(["bf16", "fp8_tensorwise"]),
+    activation_checkpointing=st.none() | st.sampled_from(["none", "selective", "full"]),
+    sharding=st.none() | st.sampled_from(["full_shard", "no_shard"]),
+    tensor_parallel=st.none() | st.sampled_from([1, 2]),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen2.5-14b"]),
+    instance_name=st.sampled_from(sorted(INSTANCE_TYPES)),
+    nodes=st.sampled_from([1, 2]),
+    pins=pins_strategy,
+)
+def test_plans_respect_budget_and_pins(name: str, instance_name: str, nodes: int, pins: KnobPins) -> None:
+    profile = get_profile(name).model_copy(update={"pinned": pins})
+    instance = get_instance_type(instance_name)
+    try:
+        plan = plan_profile(profile, instance, nodes)
+    except InfeasiblePlanError:
+        return
+    assert plan.evaluation.memory.total <= 0.9 * instance.hbm_gib + 1e-9
+    for key, value in pins.as_dict().items():
+        assert getattr(plan.knobs, key) == value, key
+    for alternative in plan.alternatives:
+        assert alternative.fits
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["llama3.2-1b", "llama3.1-8b", "qwen2.5-14b", "qwen2.5-32b"]),
+    low=st.floats(40, 200),
+    extra=st.floats(0.5, 100),
+)
+def test_more_hbm_never_yields_a_slower_best_plan(name: str, low: float, extra: float) -> None:
+    profile = get_profile(name)
+    small, large = _with_hbm(B200, low), _with_hbm(B200, low + extra)
+    try:
+        small_plan = plan_profile(profile, small, 1)
+    except InfeasiblePlanError:
+        return
+    large_plan = plan_profile(profile, large, 1)  # must not raise: the small one fitted
+    small_speed = small_plan.evaluation.estimate.tokens_per_second_per_gpu
+    large_speed = large_plan.evaluation.estimate.tokens_per_second_per_gpu
+    assert speed_bucket(large_speed) >= speed_bucket(small_speed)
+
+
+def test_evaluate_reports_overflow_without_raising() -> None:
+    knobs = TrainingKnobs(micro_batch_size=8, seq_len=8192, activation_checkpointing="none")
+    evaluation = evaluate_knobs(get_profile("qwen2.5-32b"), get_instance_type("ml.p5.48xlarge"), 1, knobs)
+    assert not evaluation.fits and evaluation.memory.total > evaluation.budget_gib
+
+
+def test_hybrid_shard_needs_two_nodes() -> None:
+    knobs = TrainingKnobs(micro_batch_size=1, seq_len=8192, sharding="hybrid_shard")
+    with pytest.raises(InfeasiblePlanError, match="hybrid_shard needs at least 2 nodes"):
+        evaluate_knobs(get_profile("llama3.1-8b"), B200, 1, knobs)
+
+
+def test_hybrid_shard_beats_full_shard_across_nodes_for_small_batches() -> None:
+    profile = get_profile("llama3.1-8b")
+    base = dict(micro_batch_size=1, seq_len=8192, gradient_accumulation_steps=1, activation_checkpointing="none")
+    full = evaluate_knobs(profile, B200, 4, TrainingKnobs(**base, sharding="full_shard"))  # type: ignore[arg-type]
+    hybrid = evaluate_knobs(profile, B200, 4, TrainingKnobs(**base, sharding="hybrid_shard"))  # type: ignore[arg-type]
+    assert hybrid.estimate.tokens_per_second_per_gpu > full.estimate.tokens_per_second_per_gpu
+    assert hybrid.memory.parameters > full.memory.parameters
