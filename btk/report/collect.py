@@ -58,16 +58,24 @@ def _job_name_from_arn(arn: str) -> str:
 
 
 def _discover_from_pipelines(
-    reader: SageMakerReader, environment: str, profiles: Sequence[str], since: datetime,
-    origins: dict[str, JobOrigin], missing: list[str],
+    reader: SageMakerReader,
+    environment: str,
+    profiles: Sequence[str],
+    since: datetime,
+    origins: dict[str, JobOrigin],
+    missing: list[str],
 ) -> None:
     for profile in profiles:
         name = pipeline_name(environment, profile)
         try:
             executions = list(
                 reader.pages(
-                    "list_pipeline_executions", "PipelineExecutionSummaries",
-                    PipelineName=name, CreatedAfter=since, SortBy="CreationTime", SortOrder="Descending",
+                    "list_pipeline_executions",
+                    "PipelineExecutionSummaries",
+                    PipelineName=name,
+                    CreatedAfter=since,
+                    SortBy="CreationTime",
+                    SortOrder="Descending",
                     MaxResults=PAGE_SIZE,
                 )
             )
@@ -77,8 +85,10 @@ def _discover_from_pipelines(
         for execution in executions:
             execution_arn = execution["PipelineExecutionArn"]
             steps = reader.pages(
-                "list_pipeline_execution_steps", "PipelineExecutionSteps",
-                PipelineExecutionArn=execution_arn, MaxResults=PAGE_SIZE,
+                "list_pipeline_execution_steps",
+                "PipelineExecutionSteps",
+                PipelineExecutionArn=execution_arn,
+                MaxResults=PAGE_SIZE,
             )
             for step in steps:
                 job_arn = step.get("Metadata", {}).get("TrainingJob", {}).get("Arn")
@@ -101,9 +111,13 @@ def _discover_from_tags(
     reader: SageMakerReader, environment: str, since: datetime, profile: str | None, origins: dict[str, JobOrigin]
 ) -> None:
     records = reader.pages(
-        "search", "Results",
-        Resource="TrainingJob", SearchExpression=search_expression(environment, since, profile),
-        SortBy="CreationTime", SortOrder="Descending", MaxResults=PAGE_SIZE,
+        "search",
+        "Results",
+        Resource="TrainingJob",
+        SearchExpression=search_expression(environment, since, profile),
+        SortBy="CreationTime",
+        SortOrder="Descending",
+        MaxResults=PAGE_SIZE,
     )
     for record in records:
         job = record.get("TrainingJob", {})

@@ -65,6 +65,7 @@ OUTCOMES: dict[str, Outcome] = {
 }
 TOKENS_METRIC = METRICS_BY_KEY["tokens_per_second_per_gpu"].sagemaker_name
 MFU_METRIC = METRICS_BY_KEY["mfu"].sagemaker_name
+MEMORY_METRIC = METRICS_BY_KEY["peak_memory_gib"].sagemaker_name
 UNKNOWN_PROFILE = "unknown"
 
 
@@ -97,6 +98,10 @@ class _Run:
     spot_savings: float
     plan_arn: str | None
     plan_instance_hours: float = 0.0
+    predicted_tps: float | None = None
+    predicted_mfu: float | None = None
+    tps_error: float | None = None
+    mfu_error: float | None = None
 
 
 def _unquote(value: str) -> str:
@@ -140,10 +145,7 @@ def _resources(job: dict[str, Any]) -> list[tuple[str, int]]:
 
 def _profile_of(job: dict[str, Any], origin: JobOrigin, hyperparameters: dict[str, str]) -> str:
     return (
-        origin.tags.get(TAG_PROFILE)
-        or hyperparameters.get("job.profile")
-        or origin.pipeline_profile
-        or UNKNOWN_PROFILE
+        origin.tags.get(TAG_PROFILE) or hyperparameters.get("job.profile") or origin.pipeline_profile or UNKNOWN_PROFILE
     )
 
 
@@ -191,18 +193,24 @@ def _plans(collection: Collection, notes: list[str]) -> dict[str, _Plan]:
             notes.append(f"training plan {name} is priced in {currency}: its jobs are left out of the USD cost")
         plans[arn] = _Plan(
             PlanReport(
-                name=name, arn=arn, status=plan.get("Status"), upfront_fee=_money(fee), currency=currency,
-                duration_hours=_hours(hours), instance_count=count, fee_per_instance_hour=_money(per_hour),
-                used_instance_hours=0.0, apportioned_fee=0.0, utilisation=0.0,
+                name=name,
+                arn=arn,
+                status=plan.get("Status"),
+                upfront_fee=_money(fee),
+                currency=currency,
+                duration_hours=_hours(hours),
+                instance_count=count,
+                fee_per_instance_hour=_money(per_hour),
+                used_instance_hours=0.0,
+                apportioned_fee=0.0,
+                utilisation=0.0,
             ),
             per_hour if currency == "USD" else None,
         )
     return plans
 
 
-def _run(
-    job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str, _Plan], predictor: Predictor
-) -> _Run:
+def _run(job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str, _Plan], predictor: Predictor) -> _Run:
     notes: list[str] = []
     hyperparameters = {key: _unquote(str(value)) for key, value in job.get("HyperParameters", {}).items()}
     status = job.get("TrainingJobStatus", "Unknown")
@@ -259,15 +267,20 @@ def _run(
     profile = _profile_of(job, origin, hyperparameters)
     predicted_tps: float | None = None
     predicted_mfu: float | None = None
+    predicted_memory: float | None = None
+    predicted_fits: bool | None = None
     if knobs is not None and len(resources) == 1:
         try:
             prediction = predictor(profile, resources[0][0], instance_count, knobs, architecture)
             predicted_tps, predicted_mfu = prediction.tokens_per_second_per_gpu, prediction.mfu
+            predicted_memory, predicted_fits = prediction.peak_memory_gib, prediction.fits
         except PredictionUnavailableError as error:
             notes.append(str(error))
 
     wait = capacity_wait_seconds(job, now)
     failure = classify_failure(job.get("FailureReason")) if outcome == "failed" else None
+    if failure == "out_of_memory" and predicted_fits:
+        notes.append("ran out of memory although the planner predicted the knobs fit: check the memory model")
     tps_error = _error_pct(achieved_tps, predicted_tps)
     mfu_error = _error_pct(achieved_mfu, predicted_mfu)
     report = RunReport(
@@ -295,10 +308,25 @@ def _run(
         predicted_mfu=None if predicted_mfu is None else round(predicted_mfu, 4),
         tokens_per_second_error_pct=None if tps_error is None else _pct(tps_error),
         mfu_error_pct=None if mfu_error is None else _pct(mfu_error),
+        achieved_peak_memory_gib=metrics.get(MEMORY_METRIC),
+        predicted_peak_memory_gib=None if predicted_memory is None else round(predicted_memory, 2),
+        predicted_fits=predicted_fits,
         knobs=None if knobs is None else knobs.model_dump(mode="json"),
         notes=notes,
     )
-    return _Run(report, wait, gpu_hours, cost, spot_savings, plan_arn, plan_instance_hours if ended else 0.0)
+    return _Run(
+        report,
+        wait,
+        gpu_hours,
+        cost,
+        spot_savings,
+        plan_arn,
+        plan_instance_hours if ended else 0.0,
+        predicted_tps,
+        predicted_mfu,
+        tps_error,
+        mfu_error,
+    )
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -318,14 +346,13 @@ def summarise(runs: Sequence[_Run]) -> GroupSummary:
     by_capacity = {
         kind: sum(run.cost or 0.0 for run in costed if run.report.capacity == kind) for kind in CAPACITY_KINDS
     }
-    measured = [r for r in reports if r.achieved_tokens_per_second_per_gpu is not None]
-    tps_errors = [r.tokens_per_second_error_pct for r in reports if r.tokens_per_second_error_pct is not None]
-    mfu_errors = [r.mfu_error_pct for r in reports if r.mfu_error_pct is not None]
-    predicted_tps = [
-        r.predicted_tokens_per_second_per_gpu for r in measured if r.predicted_tokens_per_second_per_gpu is not None
-    ]
-    achieved_mfu = [r.achieved_mfu for r in measured if r.achieved_mfu is not None]
-    predicted_mfu = [r.predicted_mfu for r in measured if r.predicted_mfu is not None]
+    measured = [run for run in runs if run.report.achieved_tokens_per_second_per_gpu is not None]
+    achieved_tps = [run.report.achieved_tokens_per_second_per_gpu or 0.0 for run in measured]
+    predicted_tps = [run.predicted_tps for run in measured if run.predicted_tps is not None]
+    achieved_mfu = [run.report.achieved_mfu for run in measured if run.report.achieved_mfu is not None]
+    predicted_mfu = [run.predicted_mfu for run in measured if run.predicted_mfu is not None]
+    tps_errors = [run.tps_error for run in runs if run.tps_error is not None]
+    mfu_errors = [run.mfu_error for run in runs if run.mfu_error is not None]
 
     def rounded(value: float | None, digits: int) -> float | None:
         return None if value is None else round(value, digits)
@@ -347,9 +374,7 @@ def summarise(runs: Sequence[_Run]) -> GroupSummary:
         spot_savings_usd=_money(sum(run.spot_savings for run in runs)),
         cost_per_successful_run_usd=rounded(cost / successes if successes else None, 2),
         runs_with_metrics=len(measured),
-        achieved_tokens_per_second_per_gpu_mean=rounded(
-            _mean([r.achieved_tokens_per_second_per_gpu or 0.0 for r in measured]), 1
-        ),
+        achieved_tokens_per_second_per_gpu_mean=rounded(_mean(achieved_tps), 1),
         predicted_tokens_per_second_per_gpu_mean=rounded(_mean(predicted_tps), 1),
         tokens_per_second_error_pct_mean=rounded(_mean(tps_errors), 2),
         achieved_mfu_mean=rounded(_mean(achieved_mfu), 4),

@@ -23,6 +23,8 @@ class Prediction:
 
     tokens_per_second_per_gpu: float
     mfu: float
+    peak_memory_gib: float | None = None
+    fits: bool | None = None
 
 
 class PredictionUnavailableError(Exception):
@@ -53,4 +55,9 @@ def planner_predictor(
     except BtkError as error:
         raise PredictionUnavailableError(f"no prediction: {error}") from None
     estimate = evaluation.estimate
-    return Prediction(tokens_per_second_per_gpu=float(estimate.tokens_per_second_per_gpu), mfu=float(estimate.mfu))
+    return Prediction(
+        tokens_per_second_per_gpu=float(estimate.tokens_per_second_per_gpu),
+        mfu=float(estimate.mfu),
+        peak_memory_gib=float(evaluation.memory.total),
+        fits=bool(evaluation.fits),
+    )

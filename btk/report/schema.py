@@ -55,6 +55,11 @@ class RunReport(_Model):
     predicted_mfu: float | None = None
     tokens_per_second_error_pct: float | None = None
     mfu_error_pct: float | None = None
+    achieved_peak_memory_gib: float | None = Field(default=None, description="final train:peak_memory_gib")
+    predicted_peak_memory_gib: float | None = None
+    predicted_fits: bool | None = Field(
+        default=None, description="the planner's memory verdict for these knobs (an OOM run predicted to fit is news)"
+    )
     knobs: dict[str, Any] | None = Field(default=None, description="TrainingKnobs parsed from the hyperparameters")
     notes: list[str] = Field(default_factory=list)
 

@@ -23,9 +23,7 @@ def parse_since(text: str, now: datetime) -> datetime:
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise BtkError(
-            f"--since {text!r} is not a duration or a date: use e.g. 30d, 12h, 2w or 2025-06-01"
-        ) from None
+        raise BtkError(f"--since {text!r} is not a duration or a date: use e.g. 30d, 12h, 2w or 2025-06-01") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     if moment >= now:
