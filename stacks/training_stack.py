@@ -1,0 +1,110 @@
+"""TrainingStack: everything one environment needs to train.
+
+Composes the network, the data stage (key, buckets, FSx for Lustre), the training image
+and the execution role. Pipelines, observability and training plans attach to the public
+attributes ``network``, ``data_stage``, ``image``, ``execution_role`` and ``env_config``.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Environment, RemovalPolicy, Stack, Tags
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from btk.environment import EnvironmentConfig
+from training_constructs.data_stage import DataStage, DataStageProps, create_data_key
+from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
+from training_constructs.network import TrainingNetwork, TrainingNetworkProps
+from training_constructs.training_image import TrainingImage
+
+#: CloudWatch Logs retention in days -> the CDK enum member.
+RETENTION_DAYS: dict[int, logs.RetentionDays] = {
+    1: logs.RetentionDays.ONE_DAY, 3: logs.RetentionDays.THREE_DAYS, 5: logs.RetentionDays.FIVE_DAYS,
+    7: logs.RetentionDays.ONE_WEEK, 14: logs.RetentionDays.TWO_WEEKS, 30: logs.RetentionDays.ONE_MONTH,
+    60: logs.RetentionDays.TWO_MONTHS, 90: logs.RetentionDays.THREE_MONTHS, 120: logs.RetentionDays.FOUR_MONTHS,
+    150: logs.RetentionDays.FIVE_MONTHS, 180: logs.RetentionDays.SIX_MONTHS, 365: logs.RetentionDays.ONE_YEAR,
+    400: logs.RetentionDays.THIRTEEN_MONTHS, 545: logs.RetentionDays.EIGHTEEN_MONTHS,
+    731: logs.RetentionDays.TWO_YEARS, 1096: logs.RetentionDays.THREE_YEARS, 1827: logs.RetentionDays.FIVE_YEARS,
+    2192: logs.RetentionDays.SIX_YEARS, 2557: logs.RetentionDays.SEVEN_YEARS, 2922: logs.RetentionDays.EIGHT_YEARS,
+    3288: logs.RetentionDays.NINE_YEARS, 3653: logs.RetentionDays.TEN_YEARS,
+}
+
+
+class TrainingStack(Stack):
+    """One environment's training infrastructure; stack name ``env_config.stack_name``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, env_config: EnvironmentConfig) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            stack_name=env_config.stack_name,
+            env=Environment(account=env_config.account, region=env_config.region),
+            description=f"Blackwell Training Kit: training infrastructure for environment {env_config.name}",
+            analytics_reporting=False,
+        )
+        self.env_config = env_config
+        for key, value in sorted(env_config.tags.items()):
+            Tags.of(self).add(key, value)
+        removal_policy = RemovalPolicy.RETAIN if env_config.retain_data else RemovalPolicy.DESTROY
+
+        self.key = create_data_key(self, "DataKey", removal_policy=removal_policy)
+        self.network = TrainingNetwork(
+            self,
+            "Network",
+            props=TrainingNetworkProps(
+                cidr=env_config.vpc_cidr,
+                availability_zone=env_config.availability_zone,
+                flow_log_key=self.key,
+                flow_log_retention=RETENTION_DAYS[env_config.log_retention_days],
+                removal_policy=removal_policy,
+            ),
+        )
+        self.data_stage = DataStage(
+            self,
+            "DataStage",
+            props=DataStageProps(
+                config=env_config.data_stage,
+                key=self.key,
+                vpc=self.network.vpc,
+                subnet=self.network.training_subnet,
+                security_group=self.network.security_group,
+                retain_data=env_config.retain_data,
+            ),
+        )
+        self.image = TrainingImage(self, "TrainingImage")
+        self.execution_role = TrainingExecutionRole(
+            self,
+            "ExecutionRole",
+            props=TrainingExecutionRoleProps(
+                data_stage=self.data_stage,
+                image=self.image,
+                vpc=self.network.vpc,
+                subnet=self.network.training_subnet,
+                security_group=self.network.security_group,
+            ),
+        )
+        self._outputs()
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The configured AZ only: no ``availability-zones`` context lookup (offline synth)."""
+        return [self.env_config.availability_zone]
+
+    def _outputs(self) -> None:
+        data_stage = self.data_stage
+        outputs: dict[str, tuple[str, str]] = {
+            "DatasetsBucketName": (data_stage.datasets_bucket.bucket_name, "S3 bucket for datasets"),
+            "CheckpointsBucketName": (data_stage.checkpoints_bucket.bucket_name, "S3 bucket for checkpoints"),
+            "ArtifactsBucketName": (data_stage.artifacts_bucket.bucket_name, "S3 bucket for model artifacts"),
+            "DataKeyArn": (self.key.key_arn, "KMS key for data at rest"),
+            "ImageUri": (self.image.image_uri, "training image URI"),
+            "ExecutionRoleArn": (self.execution_role.role.role_arn, "SageMaker training execution role"),
+            "TrainingSubnetId": (self.network.training_subnet.subnet_id, "subnet of the training jobs"),
+            "TrainingSecurityGroupId": (self.network.security_group.security_group_id, "EFA/Lustre security group"),
+        }
+        if data_stage.file_system_id and data_stage.mount_name and data_stage.directory_path:
+            outputs["FileSystemId"] = (data_stage.file_system_id, "FSx for Lustre file system id")
+            outputs["FileSystemMountName"] = (data_stage.mount_name, "FSx for Lustre mount name")
+            outputs["FileSystemDirectoryPath"] = (data_stage.directory_path, "datasets path for FileSystemDataSource")
+        for output_id, (value, description) in outputs.items():
+            CfnOutput(self, output_id, value=value, description=description)
