@@ -1,0 +1,225 @@
+"""Rules the GitHub Actions workflows must follow, as functions that return problems.
+
+Each function returns a list of one-line problems, empty when the workflow is fine; every
+problem names what is wrong and what to add or change. The tests in this folder apply them
+to the real workflows and to deliberately broken copies (so each rule is shown to fail).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from btk.environment import EnvironmentConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
+DEPLOY_WORKFLOW = WORKFLOWS_DIR / "deploy.yml"
+CHECKS_WORKFLOW = WORKFLOWS_DIR / "checks.yml"
+
+CONFIGURE_AWS_CREDENTIALS = "aws-actions/configure-aws-credentials"
+DEPLOY_ROLE_EXPRESSION = "${{ vars.DEPLOY_ROLE_ARN }}"
+DEPLOY_JOB_PERMISSIONS = {"contents": "read", "id-token": "write"}
+#: ``owner/repo[/path]@<40 hex>``: a commit, which a tag or branch move cannot change.
+PINNED_USES = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}$")
+#: Names that mean a stored, long-lived AWS key is in play.
+LONG_LIVED_KEYS = re.compile(
+    r"AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|aws-access-key-id|aws-secret-access-key|aws-session-token"
+)
+SECRET_REFERENCE = re.compile(r"secrets\.([A-Za-z0-9_]+)|secrets\[")
+
+
+def load_workflow(path: Path) -> dict[str, Any]:
+    """Parse a workflow file; YAML 1.1 reads the ``on:`` key as ``True``, so put it back."""
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} is not a YAML mapping")
+    if True in data:
+        data["on"] = data.pop(True)
+    return data
+
+
+def deploy_job_id(environment: str) -> str:
+    """The job id convention for deploying ``environment``."""
+    return f"deploy-{environment}"
+
+
+def job_environment(job: Mapping[str, Any]) -> str | None:
+    """The GitHub Environment a job is bound to (``environment: x`` or ``environment: {name: x}``)."""
+    environment = job.get("environment")
+    if isinstance(environment, Mapping):
+        name = environment.get("name")
+        return str(name) if name is not None else None
+    return str(environment) if environment is not None else None
+
+
+def job_needs(job: Mapping[str, Any]) -> list[str]:
+    needs = job.get("needs", [])
+    return [needs] if isinstance(needs, str) else [str(n) for n in needs]
+
+
+def steps(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(job.get("steps") or [])
+
+
+def step_with_id(job: Mapping[str, Any], step_id: str) -> dict[str, Any]:
+    for step in steps(job):
+        if step.get("id") == step_id:
+            return step
+    raise KeyError(f"no step with id {step_id!r}")
+
+
+def iter_uses(workflow: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """``(job id, uses)`` for every step action and every reusable-workflow job."""
+    for job_id, job in (workflow.get("jobs") or {}).items():
+        if "uses" in job:
+            yield job_id, str(job["uses"])
+        for step in steps(job):
+            if "uses" in step:
+                yield job_id, str(step["uses"])
+
+
+def deploy_workflow_problems(workflow: Mapping[str, Any], environments: Sequence[EnvironmentConfig]) -> list[str]:
+    """Every environment has a deploy job, chained in the order of ``environments``."""
+    where = ".github/workflows/deploy.yml"
+    jobs: Mapping[str, Any] = workflow.get("jobs") or {}
+    by_environment = {job_environment(job): job_id for job_id, job in jobs.items() if job_environment(job)}
+    names = [env.name for env in environments]
+    missing: list[str] = []
+    problems: list[str] = []
+
+    for index, name in enumerate(names):
+        previous_job = deploy_job_id(names[index - 1]) if index else "test"
+        if name not in by_environment:
+            copy_from = f"copy {deploy_job_id(names[index - 1])}" if index else "copy an existing deploy job"
+            missing.append(
+                f"environment '{name}' from environments.py has no deploy job in {where}: add a job "
+                f"'{deploy_job_id(name)}' ({copy_from}) with `environment: {name}`, `needs: {previous_job}`, "
+                f"`concurrency: {{group: deploy-{name}, cancel-in-progress: false}}`, `-c env={name}` in its "
+                f"cdk deploy, and add '{name}' to on.workflow_dispatch.inputs.environment.options"
+            )
+            continue
+        job_id = by_environment[name]
+        if job_id != deploy_job_id(name):
+            problems.append(f"job '{job_id}' deploys '{name}': rename it to '{deploy_job_id(name)}'")
+        if index and previous_job not in job_needs(jobs[job_id]):
+            problems.append(
+                f"job '{job_id}' must have `needs: {previous_job}`: environments deploy in the order of "
+                f"environments.ENVIRONMENTS ({' -> '.join(names)})"
+            )
+        if index:
+            condition = str(jobs[job_id].get("if", ""))
+            for later in names[index:]:
+                if f"inputs.environment == '{later}'" not in condition:
+                    problems.append(
+                        f"job '{job_id}' does not run when '{later}' is dispatched: add "
+                        f"`|| inputs.environment == '{later}'` to its `if:`"
+                    )
+            if "github.event_name == 'push'" not in condition:
+                problems.append(f"job '{job_id}' must run on push: add `github.event_name == 'push' ||` to its `if:`")
+        problems += deploy_job_problems(job_id, jobs[job_id], name)
+
+    for environment, job_id in by_environment.items():
+        if environment not in names:
+            problems.append(
+                f"job '{job_id}' deploys environment '{environment}', which environments.py does not define: "
+                f"remove the job or add the environment to environments.ENVIRONMENTS"
+            )
+
+    dispatch = (workflow.get("on") or {}).get("workflow_dispatch") or {}
+    options = list(((dispatch.get("inputs") or {}).get("environment") or {}).get("options") or [])
+    if options != names:
+        problems.append(
+            f"on.workflow_dispatch.inputs.environment.options is {options}: make it {names} (environments.py order)"
+        )
+    return missing + problems
+
+
+def deploy_job_problems(job_id: str, job: Mapping[str, Any], environment: str) -> list[str]:
+    """One deploy job: OIDC only, least permissions, one deploy at a time, the right stack."""
+    problems: list[str] = []
+    permissions = job.get("permissions")
+    if permissions != DEPLOY_JOB_PERMISSIONS:
+        problems.append(
+            f"job '{job_id}' has permissions {permissions}: set exactly `permissions: {{id-token: write, "
+            f"contents: read}}` (OIDC token, read-only checkout)"
+        )
+    concurrency = job.get("concurrency")
+    if not isinstance(concurrency, Mapping) or concurrency.get("group") != f"deploy-{environment}":
+        problems.append(
+            f"job '{job_id}' needs `concurrency: {{group: deploy-{environment}, cancel-in-progress: false}}`"
+        )
+    elif concurrency.get("cancel-in-progress") is not False:
+        problems.append(
+            f"job '{job_id}' must set `cancel-in-progress: false`: cancelling a CloudFormation deploy midway "
+            f"leaves the stack rolling back"
+        )
+
+    job_steps = steps(job)
+    credentials = [
+        i for i, s in enumerate(job_steps) if str(s.get("uses", "")).startswith(CONFIGURE_AWS_CREDENTIALS + "@")
+    ]
+    deploys = [i for i, s in enumerate(job_steps) if "cdk deploy TrainingStack" in str(s.get("run", ""))]
+    if len(credentials) != 1:
+        problems.append(
+            f"job '{job_id}' must get AWS credentials once, with {CONFIGURE_AWS_CREDENTIALS} and "
+            f"`role-to-assume: {DEPLOY_ROLE_EXPRESSION}`"
+        )
+    else:
+        inputs = job_steps[credentials[0]].get("with") or {}
+        if inputs.get("role-to-assume") != DEPLOY_ROLE_EXPRESSION:
+            problems.append(
+                f"job '{job_id}' assumes {inputs.get('role-to-assume')!r}: use `role-to-assume: "
+                f"{DEPLOY_ROLE_EXPRESSION}` (the GitHub Environment's variable)"
+            )
+        keys = sorted(key for key in inputs if LONG_LIVED_KEYS.fullmatch(str(key)))
+        if keys:
+            problems.append(f"job '{job_id}' passes stored keys {keys}: remove them, OIDC needs none")
+    if len(deploys) != 1:
+        problems.append(
+            f"job '{job_id}' needs exactly one step running `cdk deploy TrainingStack -c env={environment}`"
+        )
+    else:
+        command = str(job_steps[deploys[0]]["run"])
+        for required in (f"-c env={environment} ", "--require-approval never"):
+            if required not in command + " ":
+                problems.append(f"job '{job_id}': its cdk deploy must pass `{required.strip()}`")
+        if credentials and deploys[0] < credentials[0]:
+            problems.append(f"job '{job_id}' runs cdk deploy before it gets credentials: move the deploy after")
+    return problems
+
+
+def workflow_problems(name: str, workflow: Mapping[str, Any], text: str) -> list[str]:
+    """Rules for every workflow: least permissions, pinned actions, no stored AWS keys."""
+    problems: list[str] = []
+    if workflow.get("permissions") != {"contents": "read"}:
+        problems.append(f"{name}: set `permissions: {{contents: read}}` at the top; grant more per job")
+    for job_id, job in (workflow.get("jobs") or {}).items():
+        if "permissions" not in job:
+            problems.append(f"{name}: job '{job_id}' has no `permissions:`: list what it needs (often contents: read)")
+        granted = job.get("permissions") or {}
+        uses_oidc = any(str(s.get("uses", "")).startswith(CONFIGURE_AWS_CREDENTIALS + "@") for s in steps(job))
+        if isinstance(granted, Mapping) and granted.get("id-token") == "write" and not uses_oidc:
+            problems.append(f"{name}: job '{job_id}' grants id-token: write but never assumes a role: remove it")
+        if uses_oidc and (not isinstance(granted, Mapping) or granted.get("id-token") != "write"):
+            problems.append(f"{name}: job '{job_id}' assumes a role: grant `id-token: write` to the job")
+    for job_id, uses in iter_uses(workflow):
+        if uses.startswith("./"):
+            continue
+        if not PINNED_USES.match(uses):
+            problems.append(
+                f"{name}: job '{job_id}' uses '{uses}': pin it to a full 40-hex commit SHA "
+                f"(owner/repo@<sha> # vX.Y.Z)"
+            )
+    for match in LONG_LIVED_KEYS.finditer(text):
+        problems.append(f"{name}: mentions {match.group(0)}: use OIDC role assumption, never stored AWS keys")
+    for match in SECRET_REFERENCE.finditer(text):
+        if match.group(1) != "GITHUB_TOKEN":
+            problems.append(
+                f"{name}: reads secret {match.group(0)}: CI needs no stored secret; use a variable and OIDC"
+            )
+    return problems
