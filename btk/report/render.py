@@ -170,21 +170,24 @@ def _run_rows(report: Report) -> tuple[Row, Sequence[Row]]:
     return headers, rows
 
 
-def _text_table(headers: Row, rows: Sequence[Row]) -> list[str]:
+def _text_table(headers: Row, rows: Sequence[Row], left: int) -> list[str]:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
 
     def line(cells: Row) -> str:
-        first, *rest = cells
-        return "  ".join([first.ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(rest, widths[1:], strict=True))])
+        return "  ".join(
+            cell.ljust(width) if index < left else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     return [line(headers), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
 
 
-def _markdown_table(headers: Row, rows: Sequence[Row]) -> list[str]:
+def _markdown_table(headers: Row, rows: Sequence[Row], left: int) -> list[str]:
     def line(cells: Row) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
-    return [line(headers), "|" + "|".join(["---", *["---:"] * (len(headers) - 1)]) + "|", *(line(row) for row in rows)]
+    rule = "|" + "|".join("---" if index < left else "---:" for index in range(len(headers))) + "|"
+    return [line(headers), rule, *(line(row) for row in rows)]
 
 
 def _title(report: Report) -> str:
@@ -194,12 +197,13 @@ def _title(report: Report) -> str:
     )
 
 
+# (title, rows, number of leading text columns, which are left-aligned)
 _SECTIONS = (
-    ("Summary", _summary_rows),
-    ("Failures by cause", _cause_rows),
-    ("Achieved vs predicted (planner)", _prediction_rows),
-    ("Training plans", _plan_rows),
-    ("Runs (newest first)", _run_rows),
+    ("Summary", _summary_rows, 1),
+    ("Failures by cause", _cause_rows, 1),
+    ("Achieved vs predicted (planner)", _prediction_rows, 1),
+    ("Training plans", _plan_rows, 1),
+    ("Runs (newest first)", _run_rows, 6),
 )
 
 
@@ -211,10 +215,10 @@ def _footer(report: Report) -> list[str]:
 
 def render_text(report: Report) -> str:
     out = [_title(report)]
-    for title, rows_of in _SECTIONS:
+    for title, rows_of, left in _SECTIONS:
         headers, rows = rows_of(report)
         if rows:
-            out += ["", title, *_text_table(headers, rows)]
+            out += ["", title, *_text_table(headers, rows, left)]
     if not report.runs:
         out += ["", "no training jobs found in this window"]
     footer = _footer(report)
@@ -223,10 +227,10 @@ def render_text(report: Report) -> str:
 
 def render_markdown(report: Report) -> str:
     out = [f"### {_title(report)}"]
-    for title, rows_of in _SECTIONS:
+    for title, rows_of, left in _SECTIONS:
         headers, rows = rows_of(report)
         if rows:
-            out += ["", f"**{title}**", "", *_markdown_table(headers, rows)]
+            out += ["", f"**{title}**", "", *_markdown_table(headers, rows, left)]
     if not report.runs:
         out += ["", "_no training jobs found in this window_"]
     footer = _footer(report)

@@ -44,6 +44,7 @@ SINCE = NOW - timedelta(days=30)  # --since 30d
 INSTANCE = "ml.p6-b200.48xlarge"
 PLAN_NAME = "dev-b200-june"
 PLAN_ARN = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-plan/{PLAN_NAME}"
+PIPELINE_ARN_PREFIX = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline"
 ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/TrainingStack-dev-SageMakerTrainingRole"
 IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/btk-trainer:0.1.0"
 
@@ -82,7 +83,9 @@ def june(day: int, hour: int = 0, minute: int = 0) -> datetime:
 def hyperparameters(profile: str, knobs: TrainingKnobs) -> dict[str, str]:
     spec = get_profile(profile)
     return to_hyperparameters(
-        JobHyperparameters(knobs=knobs, architecture=spec.architecture, training=spec.training, job=JobSettings(profile=profile))
+        JobHyperparameters(
+            knobs=knobs, architecture=spec.architecture, training=spec.training, job=JobSettings(profile=profile)
+        )
     )
 
 
@@ -146,8 +149,14 @@ def describe(
         "ModelArtifacts": {"S3ModelArtifacts": f"s3://btk-dev-artifacts-{ACCOUNT}/models/{name}/output/model.tar.gz"},
         "TrainingJobStatus": status,
         "SecondaryStatus": secondary,
-        "HyperParameters": hyperparameters(profile, knobs) if knobs else {"epochs": "1", "sagemaker_program": "train.py"},
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "FastFile", "EnableSageMakerMetricsTimeSeries": True},
+        "HyperParameters": hyperparameters(profile, knobs)
+        if knobs
+        else {"epochs": "1", "sagemaker_program": "train.py"},
+        "AlgorithmSpecification": {
+            "TrainingImage": IMAGE,
+            "TrainingInputMode": "FastFile",
+            "EnableSageMakerMetricsTimeSeries": True,
+        },
         "RoleArn": ROLE_ARN,
         "OutputDataConfig": {"S3OutputPath": f"s3://btk-dev-artifacts-{ACCOUNT}/models/"},
         "ResourceConfig": resource,
@@ -173,18 +182,19 @@ def describe(
 
 
 OOM_REASON = (
-    "AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage \"torch.OutOfMemoryError: CUDA out of memory. "
-    "Tried to allocate 7.83 GiB. GPU 3 has a total capacity of 178.35 GiB of which 2.11 GiB is free.\"\n"
-    "Command \"/usr/bin/python3 -m btk_trainer\", exit code: 1"
+    'AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage "torch.OutOfMemoryError: CUDA out of memory. '
+    'Tried to allocate 7.83 GiB. GPU 3 has a total capacity of 178.35 GiB of which 2.11 GiB is free."\n'
+    'Command "/usr/bin/python3 -m btk_trainer", exit code: 1'
 )
 CAPACITY_REASON = (
     "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
 )
 NCCL_REASON = (
-    "AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage \"torch.distributed.DistBackendError: NCCL error "
+    'AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage "torch.distributed.DistBackendError: NCCL error '
     "in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited or there was a network "
     "error, NCCL version 2.26.2\nncclRemoteError: A call failed possibly due to a network error or a remote process "
-    "exiting prematurely.\nLast error:\nNET/OFI Request completed with error. RC: 21. Error: 12 (Cannot allocate memory)\""
+    "exiting prematurely.\nLast error:\nNET/OFI Request completed with error. RC: 21. "
+    'Error: 12 (Cannot allocate memory)"'
 )
 USER_REASON = (
     "ClientError: Data download failed:NoSuchKey (404): The specified key does not exist. "
@@ -197,80 +207,199 @@ def jobs() -> dict[str, dict[str, Any]]:
     """The eleven DescribeTrainingJob responses, by job name (J1..J11 of the module table)."""
     j = {}
     j["J1"] = describe(
-        "btk-dev-llama3-2-1b-j1", profile="llama3.2-1b", status="Completed", secondary="Completed", created=june(10, 8),
-        knobs=KNOBS_1B, training_seconds=7200, billable_seconds=7200,
-        phases=transitions(june(10, 8), ("Starting", 6, STARTING), ("Downloading", 4, DOWNLOADING),
-                           ("Training", 120, TRAINING), ("Uploading", 2, UPLOADING), ("Completed", None, "Training job completed")),
+        "btk-dev-llama3-2-1b-j1",
+        profile="llama3.2-1b",
+        status="Completed",
+        secondary="Completed",
+        created=june(10, 8),
+        knobs=KNOBS_1B,
+        training_seconds=7200,
+        billable_seconds=7200,
+        phases=transitions(
+            june(10, 8),
+            ("Starting", 6, STARTING),
+            ("Downloading", 4, DOWNLOADING),
+            ("Training", 120, TRAINING),
+            ("Uploading", 2, UPLOADING),
+            ("Completed", None, "Training job completed"),
+        ),
         final_metrics=metrics(30400.0, 0.41, june(10, 10, 10)),
     )
     j["J2"] = describe(
-        "btk-dev-llama3-2-1b-j2", profile="llama3.2-1b", status="Completed", secondary="Completed", created=june(12),
-        knobs=KNOBS_1B, training_seconds=10800, billable_seconds=3600, spot=True,
+        "btk-dev-llama3-2-1b-j2",
+        profile="llama3.2-1b",
+        status="Completed",
+        secondary="Completed",
+        created=june(12),
+        knobs=KNOBS_1B,
+        training_seconds=10800,
+        billable_seconds=3600,
+        spot=True,
         phases=transitions(
             june(12),
             ("Starting", 30, "Insufficient capacity error from EC2 while launching instances, retrying!"),
-            ("Downloading", 5, DOWNLOADING), ("Training", 85, TRAINING),
+            ("Downloading", 5, DOWNLOADING),
+            ("Training", 85, TRAINING),
             ("Interrupted", 1, "Training interrupted: spot instances reclaimed"),
             ("Starting", 60, "Insufficient capacity error from EC2 while launching instances, retrying!"),
-            ("Training", 89, TRAINING), ("Uploading", 5, UPLOADING), ("Completed", None, "Training job completed"),
+            ("Training", 89, TRAINING),
+            ("Uploading", 5, UPLOADING),
+            ("Completed", None, "Training job completed"),
         ),
         final_metrics=metrics(31040.0, 0.40, june(12, 4, 30)),
     )
     j["J3"] = describe(
-        "btk-dev-llama3-2-1b-j3", profile="llama3.2-1b", status="Failed", secondary="Failed", created=june(14),
-        knobs=KNOBS_1B_OOM, training_seconds=600, billable_seconds=600, failure_reason=OOM_REASON,
-        phases=transitions(june(14), ("Starting", 5, STARTING), ("Downloading", 3, DOWNLOADING), ("Training", 10, TRAINING),
-                           ("Failed", None, "Training job failed")),
+        "btk-dev-llama3-2-1b-j3",
+        profile="llama3.2-1b",
+        status="Failed",
+        secondary="Failed",
+        created=june(14),
+        knobs=KNOBS_1B_OOM,
+        training_seconds=600,
+        billable_seconds=600,
+        failure_reason=OOM_REASON,
+        phases=transitions(
+            june(14),
+            ("Starting", 5, STARTING),
+            ("Downloading", 3, DOWNLOADING),
+            ("Training", 10, TRAINING),
+            ("Failed", None, "Training job failed"),
+        ),
     )
     j["J4"] = describe(
-        "btk-dev-llama3-2-1b-j4", profile="llama3.2-1b", status="Failed", secondary="Failed", created=june(16),
-        knobs=KNOBS_1B, failure_reason=CAPACITY_REASON,
-        phases=transitions(june(16), ("Starting", 120, "Launching requested ML instances"), ("Failed", None, CAPACITY_REASON)),
+        "btk-dev-llama3-2-1b-j4",
+        profile="llama3.2-1b",
+        status="Failed",
+        secondary="Failed",
+        created=june(16),
+        knobs=KNOBS_1B,
+        failure_reason=CAPACITY_REASON,
+        phases=transitions(
+            june(16), ("Starting", 120, "Launching requested ML instances"), ("Failed", None, CAPACITY_REASON)
+        ),
     )
     j["J5"] = describe(
-        "btk-dev-llama3-2-1b-j5", profile="llama3.2-1b", status="InProgress", secondary="Starting",
-        created=datetime(2025, 7, 1, 10, 0, tzinfo=UTC), knobs=KNOBS_1B,
+        "btk-dev-llama3-2-1b-j5",
+        profile="llama3.2-1b",
+        status="InProgress",
+        secondary="Starting",
+        created=datetime(2025, 7, 1, 10, 0, tzinfo=UTC),
+        knobs=KNOBS_1B,
         phases=transitions(datetime(2025, 7, 1, 10, 0, tzinfo=UTC), ("Starting", None, STARTING)),
     )
     j["J6"] = describe(
-        "btk-dev-llama3-2-3b-j6", profile="llama3.2-3b", status="Completed", secondary="Completed", created=june(20),
-        knobs=KNOBS_3B, instance_count=2, training_seconds=36000, billable_seconds=36000, plan_arn=PLAN_ARN,
-        phases=transitions(june(20), ("Pending", 60, "Waiting for capacity in training plan dev-b200-june"),
-                           ("Starting", 10, STARTING), ("Downloading", 5, DOWNLOADING), ("Training", 600, TRAINING),
-                           ("Uploading", 5, UPLOADING), ("Completed", None, "Training job completed")),
+        "btk-dev-llama3-2-3b-j6",
+        profile="llama3.2-3b",
+        status="Completed",
+        secondary="Completed",
+        created=june(20),
+        knobs=KNOBS_3B,
+        instance_count=2,
+        training_seconds=36000,
+        billable_seconds=36000,
+        plan_arn=PLAN_ARN,
+        phases=transitions(
+            june(20),
+            ("Pending", 60, "Waiting for capacity in training plan dev-b200-june"),
+            ("Starting", 10, STARTING),
+            ("Downloading", 5, DOWNLOADING),
+            ("Training", 600, TRAINING),
+            ("Uploading", 5, UPLOADING),
+            ("Completed", None, "Training job completed"),
+        ),
         final_metrics=metrics(14000.0, 0.42, june(20, 11, 15)),
     )
     j["J7"] = describe(
-        "btk-dev-llama3-2-3b-j7", profile="llama3.2-3b", status="Failed", secondary="Failed", created=june(22),
-        knobs=KNOBS_3B, instance_count=2, training_seconds=1800, billable_seconds=1800, failure_reason=NCCL_REASON,
-        phases=transitions(june(22), ("Starting", 10, STARTING), ("Downloading", 5, DOWNLOADING), ("Training", 30, TRAINING),
-                           ("Failed", None, "Training job failed")),
+        "btk-dev-llama3-2-3b-j7",
+        profile="llama3.2-3b",
+        status="Failed",
+        secondary="Failed",
+        created=june(22),
+        knobs=KNOBS_3B,
+        instance_count=2,
+        training_seconds=1800,
+        billable_seconds=1800,
+        failure_reason=NCCL_REASON,
+        phases=transitions(
+            june(22),
+            ("Starting", 10, STARTING),
+            ("Downloading", 5, DOWNLOADING),
+            ("Training", 30, TRAINING),
+            ("Failed", None, "Training job failed"),
+        ),
         final_metrics=metrics(12000.0, 0.36, june(22, 0, 44)),
     )
     j["J8"] = describe(
-        "btk-dev-llama3-2-3b-j8", profile="llama3.2-3b", status="Failed", secondary="Failed", created=june(24),
-        knobs=KNOBS_3B, training_seconds=120, billable_seconds=120, failure_reason=USER_REASON,
-        phases=transitions(june(24), ("Starting", 4, STARTING), ("Downloading", 2, "Downloading input data"),
-                           ("Failed", None, "Training job failed")),
+        "btk-dev-llama3-2-3b-j8",
+        profile="llama3.2-3b",
+        status="Failed",
+        secondary="Failed",
+        created=june(24),
+        knobs=KNOBS_3B,
+        training_seconds=120,
+        billable_seconds=120,
+        failure_reason=USER_REASON,
+        phases=transitions(
+            june(24),
+            ("Starting", 4, STARTING),
+            ("Downloading", 2, "Downloading input data"),
+            ("Failed", None, "Training job failed"),
+        ),
     )
     j["J9"] = describe(
-        "btk-dev-llama3-2-3b-j9", profile="llama3.2-3b", status="Failed", secondary="Failed", created=june(26),
-        knobs=KNOBS_3B, training_seconds=300, billable_seconds=300, failure_reason=OTHER_REASON,
-        phases=transitions(june(26), ("Starting", 5, STARTING), ("Downloading", 5, DOWNLOADING), ("Training", 5, TRAINING),
-                           ("Failed", None, "Training job failed")),
+        "btk-dev-llama3-2-3b-j9",
+        profile="llama3.2-3b",
+        status="Failed",
+        secondary="Failed",
+        created=june(26),
+        knobs=KNOBS_3B,
+        training_seconds=300,
+        billable_seconds=300,
+        failure_reason=OTHER_REASON,
+        phases=transitions(
+            june(26),
+            ("Starting", 5, STARTING),
+            ("Downloading", 5, DOWNLOADING),
+            ("Training", 5, TRAINING),
+            ("Failed", None, "Training job failed"),
+        ),
     )
     j["J10"] = describe(
-        "btk-dev-llama3-2-3b-j10", profile="llama3.2-3b", status="Stopped", secondary="Stopped", created=june(28),
-        knobs=KNOBS_3B, training_seconds=900, billable_seconds=900,
-        phases=transitions(june(28), ("Starting", 5, STARTING), ("Downloading", 5, DOWNLOADING), ("Training", 15, TRAINING),
-                           ("Stopping", 1, "Stopping the training job"), ("Stopped", None, "Training job stopped")),
+        "btk-dev-llama3-2-3b-j10",
+        profile="llama3.2-3b",
+        status="Stopped",
+        secondary="Stopped",
+        created=june(28),
+        knobs=KNOBS_3B,
+        training_seconds=900,
+        billable_seconds=900,
+        phases=transitions(
+            june(28),
+            ("Starting", 5, STARTING),
+            ("Downloading", 5, DOWNLOADING),
+            ("Training", 15, TRAINING),
+            ("Stopping", 1, "Stopping the training job"),
+            ("Stopped", None, "Training job stopped"),
+        ),
         final_metrics=metrics(16400.0, 0.483, june(28, 0, 24)),
     )
     j["J11"] = describe(
-        "manual-llama3-2-3b-j11", profile="llama3.2-3b", status="Completed", secondary="Completed", created=june(29),
-        knobs=None, training_seconds=3600, billable_seconds=3600,
-        phases=transitions(june(29), ("Starting", 3, STARTING), ("Downloading", 2, DOWNLOADING), ("Training", 60, TRAINING),
-                           ("Uploading", 1, UPLOADING), ("Completed", None, "Training job completed")),
+        "manual-llama3-2-3b-j11",
+        profile="llama3.2-3b",
+        status="Completed",
+        secondary="Completed",
+        created=june(29),
+        knobs=None,
+        training_seconds=3600,
+        billable_seconds=3600,
+        phases=transitions(
+            june(29),
+            ("Starting", 3, STARTING),
+            ("Downloading", 2, DOWNLOADING),
+            ("Training", 60, TRAINING),
+            ("Uploading", 1, UPLOADING),
+            ("Completed", None, "Training job completed"),
+        ),
     )
     return j
 
@@ -346,26 +475,31 @@ def plan_response() -> dict[str, Any]:
     }
 
 
-def queue_history(stubber: Any, *, throttle_search: bool = True) -> dict[str, dict[str, Any]]:
-    """Queue the whole scenario on ``stubber`` in the order ``collect`` makes its calls."""
-    j = jobs()
-    one_b, three_b = PROFILES
-    # 1. Pipeline btk-dev-llama3-2-1b: five executions over three pages, newest first.
+def queue_pipeline(stubber: Any, j: dict[str, dict[str, Any]]) -> None:
+    """Pipeline btk-dev-llama3-2-1b: five executions over three pages, newest first, with their steps."""
+    one_b = PROFILES[0]
     executions = [
-        ("e5", "J5", "Executing", "Executing"), ("e4", "J4", "Failed", "Failed"),
-        ("e3", "J3", "Failed", "Failed"), ("e2", "J2", "Succeeded", "Succeeded"), ("e1", "J1", "Succeeded", "Succeeded"),
+        ("e5", "J5", "Executing", "Executing"),
+        ("e4", "J4", "Failed", "Failed"),
+        ("e3", "J3", "Failed", "Failed"),
+        ("e2", "J2", "Succeeded", "Succeeded"),
+        ("e1", "J1", "Succeeded", "Succeeded"),
     ]
     pages = [executions[0:2], executions[2:4], executions[4:5]]
     for index, page in enumerate(pages):
         params: dict[str, Any] = {
-            "PipelineName": pipeline_name(ENV, one_b), "CreatedAfter": SINCE, "SortBy": "CreationTime",
-            "SortOrder": "Descending", "MaxResults": 100,
+            "PipelineName": pipeline_name(ENV, one_b),
+            "CreatedAfter": SINCE,
+            "SortBy": "CreationTime",
+            "SortOrder": "Descending",
+            "MaxResults": 100,
         }
         if index:
             params["NextToken"] = f"executions-page-{index + 1}"
         response: dict[str, Any] = {
             "PipelineExecutionSummaries": [
-                execution_summary(one_b, execution, j[key]["CreationTime"], status) for execution, key, status, _ in page
+                execution_summary(one_b, execution, j[key]["CreationTime"], status)
+                for execution, key, status, _ in page
             ]
         }
         if index < len(pages) - 1:
@@ -374,35 +508,70 @@ def queue_history(stubber: Any, *, throttle_search: bool = True) -> dict[str, di
     for execution, key, _, step_status in executions:
         steps = [training_step(j[key], step_status)]
         if key == "J4":  # a condition step before training: no training job in its metadata
-            steps.insert(0, {"StepName": "CheckBudget", "StepStatus": "Succeeded", "StartTime": j[key]["CreationTime"],
-                             "Metadata": {"Condition": {"Outcome": "True"}}})
+            steps.insert(
+                0,
+                {
+                    "StepName": "CheckBudget",
+                    "StepStatus": "Succeeded",
+                    "StartTime": j[key]["CreationTime"],
+                    "Metadata": {"Condition": {"Outcome": "True"}},
+                },
+            )
         stubber.add_response(
-            "list_pipeline_execution_steps", {"PipelineExecutionSteps": steps},
+            "list_pipeline_execution_steps",
+            {"PipelineExecutionSteps": steps},
             {"PipelineExecutionArn": execution_arn(one_b, execution), "MaxResults": 100},
         )
+
+
+def queue_history(stubber: Any, *, throttle_search: bool = True) -> dict[str, dict[str, Any]]:
+    """Queue the whole scenario on ``stubber`` in the order ``collect`` makes its calls."""
+    j = jobs()
+    one_b, three_b = PROFILES
+    queue_pipeline(stubber, j)
     # 2. Pipeline btk-dev-llama3-2-3b was deleted.
     stubber.add_client_error(
-        "list_pipeline_executions", service_error_code="ResourceNotFound", http_status_code=400,
-        service_message=f"Pipeline 'arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/{pipeline_name(ENV, three_b)}' does not exist.",
-        expected_params={"PipelineName": pipeline_name(ENV, three_b), "CreatedAfter": SINCE, "SortBy": "CreationTime",
-                         "SortOrder": "Descending", "MaxResults": 100},
+        "list_pipeline_executions",
+        service_error_code="ResourceNotFound",
+        http_status_code=400,
+        service_message=f"Pipeline '{PIPELINE_ARN_PREFIX}/{pipeline_name(ENV, three_b)}' does not exist.",
+        expected_params={
+            "PipelineName": pipeline_name(ENV, three_b),
+            "CreatedAfter": SINCE,
+            "SortBy": "CreationTime",
+            "SortOrder": "Descending",
+            "MaxResults": 100,
+        },
     )
     # 3. Tag search: two pages; the second is throttled once first.
-    search = {"Resource": "TrainingJob", "SearchExpression": search_expression(ENV, SINCE, None),
-              "SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": 100}
+    search = {
+        "Resource": "TrainingJob",
+        "SearchExpression": search_expression(ENV, SINCE, None),
+        "SortBy": "CreationTime",
+        "SortOrder": "Descending",
+        "MaxResults": 100,
+    }
     stubber.add_response(
         "search",
-        {"Results": [search_record(j[key], three_b) for key in ("J11", "J10", "J9", "J8")] + [search_record(j["J1"], one_b)],
-         "NextToken": "search-page-2"},
+        {
+            "Results": [search_record(j[key], three_b) for key in ("J11", "J10", "J9", "J8")]
+            + [search_record(j["J1"], one_b)],
+            "NextToken": "search-page-2",
+        },
         search,
     )
     if throttle_search:
         stubber.add_client_error(
-            "search", service_error_code="ThrottlingException", http_status_code=400, service_message="Rate exceeded",
+            "search",
+            service_error_code="ThrottlingException",
+            http_status_code=400,
+            service_message="Rate exceeded",
             expected_params={**search, "NextToken": "search-page-2"},
         )
     stubber.add_response(
-        "search", {"Results": [search_record(j[key], three_b) for key in ("J7", "J6")]}, {**search, "NextToken": "search-page-2"}
+        "search",
+        {"Results": [search_record(j[key], three_b) for key in ("J7", "J6")]},
+        {**search, "NextToken": "search-page-2"},
     )
     # 4. DescribeTrainingJob, in discovery order: pipeline jobs newest first, then tag-only ones.
     for key in ("J5", "J4", "J3", "J2", "J1", "J11", "J10", "J9", "J8", "J7", "J6"):
@@ -410,3 +579,48 @@ def queue_history(stubber: Any, *, throttle_search: bool = True) -> dict[str, di
     # 5. The training plan J6 ran on.
     stubber.add_response("describe_training_plan", plan_response(), {"TrainingPlanName": PLAN_NAME})
     return j
+
+
+def queue_profile_history(stubber: Any) -> None:
+    """``--profile llama3.2-1b``: its pipeline, a tag search narrowed to the profile, five describes."""
+    j = jobs()
+    queue_pipeline(stubber, j)
+    search = {
+        "Resource": "TrainingJob",
+        "SearchExpression": search_expression(ENV, SINCE, PROFILES[0]),
+        "SortBy": "CreationTime",
+        "SortOrder": "Descending",
+        "MaxResults": 100,
+    }
+    stubber.add_response("search", {"Results": [search_record(j[key], PROFILES[0]) for key in ("J2", "J1")]}, search)
+    for key in ("J5", "J4", "J3", "J2", "J1"):
+        stubber.add_response("describe_training_job", j[key], {"TrainingJobName": j[key]["TrainingJobName"]})
+
+
+def stubbed_client() -> Any:
+    """A real botocore SageMaker client with dummy credentials (never used: the Stubber answers)."""
+    import botocore.session
+
+    return botocore.session.get_session().create_client(
+        "sagemaker", region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
+
+
+def fixture_report() -> Any:
+    """The report of the whole scenario (what docs/report.md shows as its sample)."""
+    from botocore.stub import Stubber
+
+    from btk.report.aws import SageMakerReader
+    from btk.report.collect import collect
+    from btk.report.economics import build_report
+
+    client = stubbed_client()
+    with Stubber(client) as stubber:
+        queue_history(stubber)
+        collection = collect(
+            SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE
+        )
+        stubber.assert_no_pending_responses()
+    return build_report(
+        collection, environment=ENV, region=REGION, profiles=PROFILES, since=SINCE, now=NOW, predictor=FakePredictor()
+    )

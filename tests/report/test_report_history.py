@@ -6,11 +6,6 @@ from typing import Any
 
 import pytest
 from botocore.stub import Stubber
-
-from btk.report.aws import SageMakerReader
-from btk.report.collect import collect
-from btk.report.economics import build_report
-from btk.report.schema import Report
 from report_fixtures import (
     ENV,
     INSTANCE,
@@ -26,8 +21,15 @@ from report_fixtures import (
     queue_history,
 )
 
+from btk.report.aws import SageMakerReader
+from btk.report.collect import collect
+from btk.report.economics import build_report
+from btk.report.schema import Report
 
-def make_report(sagemaker: tuple[Any, Stubber], predictor: FakePredictor | None = None) -> tuple[Report, list[float], SageMakerReader]:
+
+def make_report(
+    sagemaker: tuple[Any, Stubber], predictor: FakePredictor | None = None
+) -> tuple[Report, list[float], SageMakerReader]:
     client, stubber = sagemaker
     queue_history(stubber)
     sleeps: list[float] = []
@@ -35,7 +37,12 @@ def make_report(sagemaker: tuple[Any, Stubber], predictor: FakePredictor | None 
     collection = collect(reader, environment=ENV, profiles=PROFILES, since=SINCE)
     stubber.assert_no_pending_responses()
     report = build_report(
-        collection, environment=ENV, region=REGION, profiles=PROFILES, since=SINCE, now=NOW,
+        collection,
+        environment=ENV,
+        region=REGION,
+        profiles=PROFILES,
+        since=SINCE,
+        now=NOW,
         predictor=predictor or FakePredictor(),
     )
     return report, sleeps, reader
@@ -55,7 +62,9 @@ def test_discovery_merges_pipelines_and_tags_and_survives_throttling(sagemaker: 
     assert len(report.runs) == 11  # J1 found by both sources is counted once
     assert report.missing_pipelines == ["btk-dev-llama3-2-3b"]
     assert [run.name for run in report.runs][:3] == [
-        "btk-dev-llama3-2-1b-j5", "manual-llama3-2-3b-j11", "btk-dev-llama3-2-3b-j10"
+        "btk-dev-llama3-2-1b-j5",
+        "manual-llama3-2-3b-j11",
+        "btk-dev-llama3-2-3b-j10",
     ]  # newest first
     runs = runs_by_suffix(report)
     assert runs["J1"].pipeline_execution_arn is not None and runs["J1"].pipeline_execution_arn.endswith("/execution/e1")
@@ -67,13 +76,22 @@ def test_outcomes_and_failure_causes(sagemaker: tuple[Any, Stubber]) -> None:
     report, _, _ = make_report(sagemaker)
     runs = runs_by_suffix(report)
     assert {key: (run.outcome, run.failure_cause) for key, run in runs.items()} == {
-        "J1": ("success", None), "J2": ("success", None), "J3": ("failed", "out_of_memory"),
-        "J4": ("failed", "capacity"), "J5": ("running", None), "J6": ("success", None),
-        "J7": ("failed", "nccl_efa"), "J8": ("failed", "user_error"), "J9": ("failed", "other"),
-        "J10": ("stopped", None), "J11": ("success", None),
+        "J1": ("success", None),
+        "J2": ("success", None),
+        "J3": ("failed", "out_of_memory"),
+        "J4": ("failed", "capacity"),
+        "J5": ("running", None),
+        "J6": ("success", None),
+        "J7": ("failed", "nccl_efa"),
+        "J8": ("failed", "user_error"),
+        "J9": ("failed", "other"),
+        "J10": ("stopped", None),
+        "J11": ("success", None),
     }
-    assert runs["J4"].failure_reason == "CapacityError: Unable to provision requested ML compute capacity. " \
+    assert (
+        runs["J4"].failure_reason == "CapacityError: Unable to provision requested ML compute capacity. "
         "Please retry using a different ML instance type."
+    )
     assert runs["J3"].failure_reason == "AlgorithmError: ExecuteUserScriptError:"  # first line only
 
 
@@ -103,15 +121,28 @@ def test_per_run_figures(sagemaker: tuple[Any, Stubber]) -> None:
     # J4: never got instances: 0 billable, 0 USD, waited Starting 120 min = 7200 s.
     assert (runs["J4"].billable_gpu_hours, runs["J4"].cost_usd, runs["J4"].capacity_wait_seconds) == (0.0, 0.0, 7200.0)
     # J5: still Starting since 10:00, now is 12:00 -> 7200 s so far; no cost while running.
-    assert (runs["J5"].capacity_wait_seconds, runs["J5"].cost_usd, runs["J5"].billable_gpu_hours) == (7200.0, None, None)
+    assert (runs["J5"].capacity_wait_seconds, runs["J5"].cost_usd, runs["J5"].billable_gpu_hours) == (
+        7200.0,
+        None,
+        None,
+    )
     assert "still running: no cost until it ends" in runs["J5"].notes
     # J6: training plan 4800 USD / (24 h x 2 instances) = 100 USD per instance-hour; 10 h x 2 instances = 2000 USD.
     # GPU-h 36000*2*8/3600 = 160; waits Pending 60 min + Starting 10 min = 4200 s.
-    assert (runs["J6"].capacity, runs["J6"].training_plan, runs["J6"].cost_usd) == ("training_plan", "dev-b200-june", 2000.0)
+    assert (runs["J6"].capacity, runs["J6"].training_plan, runs["J6"].cost_usd) == (
+        "training_plan",
+        "dev-b200-june",
+        2000.0,
+    )
     assert (runs["J6"].billable_gpu_hours, runs["J6"].capacity_wait_seconds) == (160.0, 4200.0)
     # J7: 2 instances x 1800 s: 113.93 * 2 * 0.5 = 113.93 USD; 8 GPU-h; (12000-15000)/15000 = -20 %.
-    assert (runs["J7"].cost_usd, runs["J7"].billable_gpu_hours, runs["J7"].tokens_per_second_error_pct) == (113.93, 8.0, -20.0)
-    # J8: 113.93 * 120 / 3600 = 3.7977 -> 3.80 USD; J9: 113.93 * 300 / 3600 = 9.494 -> 9.49; J10: 113.93 / 4 = 28.4825 -> 28.48
+    assert (runs["J7"].cost_usd, runs["J7"].billable_gpu_hours, runs["J7"].tokens_per_second_error_pct) == (
+        113.93,
+        8.0,
+        -20.0,
+    )
+    # J8: 113.93 * 120 / 3600 = 3.7977 -> 3.80 USD; J9: 113.93 * 300 / 3600 = 9.494 -> 9.49;
+    # J10: 113.93 * 900 / 3600 = 28.4825 -> 28.48
     assert (runs["J8"].cost_usd, runs["J9"].cost_usd, runs["J10"].cost_usd) == (3.8, 9.49, 28.48)
     # J10: one instance: (16400 - 16000) / 16000 = +2.5 %; (0.483 - 0.46) / 0.46 = +5.0 %
     assert (runs["J10"].tokens_per_second_error_pct, runs["J10"].mfu_error_pct) == (2.5, 5.0)
@@ -126,8 +157,10 @@ def test_predictor_receives_the_knobs_each_run_used(sagemaker: tuple[Any, Stubbe
     report, _, _ = make_report(sagemaker, predictor)
     asked = {(profile, instance, nodes, knobs) for profile, instance, nodes, knobs, _ in predictor.calls}
     assert asked == {
-        ("llama3.2-1b", INSTANCE, 1, KNOBS_1B), ("llama3.2-1b", INSTANCE, 1, KNOBS_1B_OOM),
-        ("llama3.2-3b", INSTANCE, 2, KNOBS_3B), ("llama3.2-3b", INSTANCE, 1, KNOBS_3B),
+        ("llama3.2-1b", INSTANCE, 1, KNOBS_1B),
+        ("llama3.2-1b", INSTANCE, 1, KNOBS_1B_OOM),
+        ("llama3.2-3b", INSTANCE, 2, KNOBS_3B),
+        ("llama3.2-3b", INSTANCE, 1, KNOBS_3B),
     }
     assert len(predictor.calls) == 10  # every run but J11 (no knobs)
     assert all(architecture is not None for *_, architecture in predictor.calls)
@@ -143,7 +176,10 @@ def test_profile_summaries(sagemaker: tuple[Any, Stubber]) -> None:
     assert one_b.failures_by_cause == {"capacity": 1, "out_of_memory": 1, "nccl_efa": 0, "user_error": 0, "other": 0}
     # waits 360 + 5400 + 300 + 7200 + 7200 = 20460 s = 5.6833 h; median of (0.0833, 0.1, 1.5, 2, 2) = 1.5; max 2
     assert (one_b.capacity_wait_hours_total, one_b.capacity_wait_hours_median, one_b.capacity_wait_hours_max) == (
-        5.6833, 1.5, 2.0)
+        5.6833,
+        1.5,
+        2.0,
+    )
     # GPU-h 16 + 8 + 1.3333 + 0 = 25.3333; cost 227.86 + 113.93 + 18.9883 + 0 = 360.7783 -> 360.78
     assert (one_b.billable_gpu_hours, one_b.cost_usd) == (25.3333, 360.78)
     # on demand 227.86 + 18.9883 = 246.8483 -> 246.85; spot 113.93
@@ -163,17 +199,25 @@ def test_profile_summaries(sagemaker: tuple[Any, Stubber]) -> None:
     assert three_b.failures_by_cause == {"capacity": 0, "out_of_memory": 0, "nccl_efa": 1, "user_error": 1, "other": 1}
     # waits 4200 + 600 + 240 + 300 + 300 + 180 = 5820 s = 1.6167 h; median (300 + 300) / 2 s = 0.0833 h; max 4200 s
     assert (three_b.capacity_wait_hours_total, three_b.capacity_wait_hours_median, three_b.capacity_wait_hours_max) == (
-        1.6167, 0.0833, 1.1667)
+        1.6167,
+        0.0833,
+        1.1667,
+    )
     # GPU-h 160 + 8 + 0.2667 + 0.6667 + 2 + 8 = 178.9333
     # cost 2000 + 113.93 + 3.7977 + 9.4942 + 28.4825 + 113.93 = 2269.6343 -> 2269.63; per success / 2 = 1134.82
     assert (three_b.billable_gpu_hours, three_b.cost_usd, three_b.cost_per_successful_run_usd) == (
-        178.9333, 2269.63, 1134.82)
+        178.9333,
+        2269.63,
+        1134.82,
+    )
     assert three_b.cost_by_capacity_usd == {"on_demand": 269.63, "spot": 0.0, "training_plan": 2000.0}
     # metrics J6, J7, J10: achieved (14000 + 12000 + 16400) / 3 = 14133.3; predicted (15000 + 15000 + 16000) / 3
     # = 15333.3; errors (-6.6667 - 20 + 2.5) / 3 = -8.0556 -> -8.06; MFU errors (-6.6667 - 20 + 5) / 3 = -7.22
     assert (three_b.runs_with_metrics, three_b.achieved_tokens_per_second_per_gpu_mean) == (3, 14133.3)
     assert (three_b.predicted_tokens_per_second_per_gpu_mean, three_b.tokens_per_second_error_pct_mean) == (
-        15333.3, -8.06)
+        15333.3,
+        -8.06,
+    )
     # achieved MFU (0.42 + 0.36 + 0.483) / 3 = 0.421; predicted (0.45 + 0.45 + 0.46) / 3 = 0.4533
     assert (three_b.achieved_mfu_mean, three_b.predicted_mfu_mean, three_b.mfu_error_pct_mean) == (0.421, 0.4533, -7.22)
 
@@ -187,15 +231,23 @@ def test_overall_summary_and_training_plan(sagemaker: tuple[Any, Stubber]) -> No
     assert overall.failures_by_cause == {"capacity": 1, "out_of_memory": 1, "nccl_efa": 1, "user_error": 1, "other": 1}
     # waits 20460 + 5820 = 26280 s = 7.3 h; median of 11 sorted waits is the 6th: J1's 360 s = 0.1 h; max 2 h
     assert (overall.capacity_wait_hours_total, overall.capacity_wait_hours_median, overall.capacity_wait_hours_max) == (
-        7.3, 0.1, 2.0)
+        7.3,
+        0.1,
+        2.0,
+    )
     # GPU-h 25.3333 + 178.9333 = 204.2667; cost 360.7783 + 2269.6343 = 2630.4127 -> 2630.41; / 4 ok = 657.60
     assert (overall.billable_gpu_hours, overall.cost_usd, overall.cost_per_successful_run_usd) == (
-        204.2667, 2630.41, 657.6)
+        204.2667,
+        2630.41,
+        657.6,
+    )
     assert overall.cost_by_capacity_usd == {"on_demand": 516.48, "spot": 113.93, "training_plan": 2000.0}
     # 5 runs with metrics: achieved (30400 + 31040 + 14000 + 12000 + 16400) / 5 = 20768;
     # predicted (32000 * 2 + 15000 * 2 + 16000) / 5 = 22000; errors (-5 - 3 - 6.6667 - 20 + 2.5) / 5 = -6.43
     assert (overall.achieved_tokens_per_second_per_gpu_mean, overall.predicted_tokens_per_second_per_gpu_mean) == (
-        20768.0, 22000.0)
+        20768.0,
+        22000.0,
+    )
     assert overall.tokens_per_second_error_pct_mean == -6.43
     # MFU: achieved 2.073 / 5 = 0.4146; predicted 2.24 / 5 = 0.448;
     # errors (-6.8182 - 9.0909 - 6.6667 - 20 + 5) / 5 = -7.5152 -> -7.52
@@ -213,8 +265,14 @@ def test_profile_filter_keeps_only_that_profile(sagemaker: tuple[Any, Stubber]) 
     queue_history(stubber)
     collection = collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE)
     report = build_report(
-        collection, environment=ENV, region=REGION, profiles=["llama3.2-3b"], since=SINCE, now=NOW,
-        predictor=FakePredictor(), only_profile="llama3.2-3b",
+        collection,
+        environment=ENV,
+        region=REGION,
+        profiles=["llama3.2-3b"],
+        since=SINCE,
+        now=NOW,
+        predictor=FakePredictor(),
+        only_profile="llama3.2-3b",
     )
     assert list(report.by_profile) == ["llama3.2-3b"]
     assert {run.profile for run in report.runs} == {"llama3.2-3b"}
@@ -230,7 +288,12 @@ def test_window_drops_older_jobs(sagemaker: tuple[Any, Stubber], since_days: int
     queue_history(stubber)
     collection = collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE)
     report = build_report(
-        collection, environment=ENV, region=REGION, profiles=PROFILES, since=NOW - timedelta(days=since_days), now=NOW,
+        collection,
+        environment=ENV,
+        region=REGION,
+        profiles=PROFILES,
+        since=NOW - timedelta(days=since_days),
+        now=NOW,
         predictor=FakePredictor(),
     )
     # 5 days back from 2025-07-01 12:00 is 2025-06-26 12:00: J5 (07-01), J11 (06-29), J10 (06-28) remain
