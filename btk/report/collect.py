@@ -15,9 +15,10 @@ jobs ran on with ``DescribeTrainingPlan``. Every list call is paginated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from btk.report.aws import ResourceMissingError, SageMakerReader
@@ -27,11 +28,17 @@ TAG_ENVIRONMENT = "btk:environment"
 TAG_PROFILE = "btk:profile"
 TAG_INSTANCE_TYPE = "btk:instance-type"
 PAGE_SIZE = 100
+ISO_UTC = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def pipeline_name(environment: str, profile: str) -> str:
-    """The pipeline the stack creates for ``profile`` in ``environment`` (``.`` becomes ``-``)."""
-    return f"btk-{environment}-{profile.replace('.', '-')}"
+    """The pipeline the stack creates for ``profile`` in ``environment``: ``btk-<env>-<profile>``.
+
+    Mirrors ``training_constructs.pipeline_definition.pipeline_name`` (which ``btk`` may not
+    import): every character SageMaker forbids becomes ``-``, runs of ``-`` collapse (tested).
+    """
+    name = re.sub(r"[^a-zA-Z0-9-]", "-", f"btk-{environment}-{profile}")
+    return re.sub(r"-{2,}", "-", name).strip("-")
 
 
 @dataclass
@@ -100,7 +107,7 @@ def search_expression(environment: str, since: datetime, profile: str | None) ->
     """The ``Search`` filter: jobs tagged with the environment (and profile), created since."""
     filters = [
         {"Name": f"Tags.{TAG_ENVIRONMENT}", "Operator": "Equals", "Value": environment},
-        {"Name": "CreationTime", "Operator": "GreaterThanOrEqualTo", "Value": since.isoformat()},
+        {"Name": "CreationTime", "Operator": "GreaterThanOrEqualTo", "Value": since.astimezone(UTC).strftime(ISO_UTC)},
     ]
     if profile is not None:
         filters.append({"Name": f"Tags.{TAG_PROFILE}", "Operator": "Equals", "Value": profile})

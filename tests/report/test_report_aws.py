@@ -150,3 +150,31 @@ def test_job_listed_by_pipeline_but_gone_is_skipped_with_a_note(sagemaker: tuple
 def test_invalid_max_attempts_is_rejected() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         SageMakerReader(object(), max_attempts=0)
+
+
+def test_search_expression_filters_by_tags_and_time() -> None:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from btk.report.collect import search_expression
+
+    since = datetime(2025, 6, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert search_expression("prod", since, "qwen2.5-32b") == {
+        "Filters": [
+            {"Name": "Tags.btk:environment", "Operator": "Equals", "Value": "prod"},
+            {"Name": "CreationTime", "Operator": "GreaterThanOrEqualTo", "Value": "2025-06-01T12:00:00Z"},
+            {"Name": "Tags.btk:profile", "Operator": "Equals", "Value": "qwen2.5-32b"},
+        ],
+        "Operator": "And",
+    }
+    assert len(search_expression("dev", since.astimezone(UTC), None)["Filters"]) == 2
+
+
+@pytest.mark.parametrize("profile", ["llama3.2-1b", "qwen2.5-32b", "llama-65b", "a..b-", "x.-y"])
+def test_pipeline_name_matches_the_pipeline_construct(profile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report finds the pipelines the stack creates (training_constructs may not be imported by btk)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    from training_constructs.pipeline_definition import pipeline_name as construct_pipeline_name
+
+    assert pipeline_name("dev", profile) == construct_pipeline_name("dev", profile)
