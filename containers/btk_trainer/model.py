@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -148,11 +149,22 @@ class DecoderBody(nn.Module):
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
 
-class Decoder(nn.Module):
-    """The causal language model: ``forward(tokens) -> hidden states``; ``logits`` adds the head.
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-    The head is kept apart from ``forward`` so that the loss can be computed in a fused
-    kernel without materialising fp32 logits (see :mod:`btk_trainer.loss`).
+
+def eager_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss: logits in the compute dtype, upcast to fp32, then cross-entropy."""
+    logits = F.linear(hidden, head_weight)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+
+class Decoder(nn.Module):
+    """The causal language model.
+
+    ``forward(tokens)`` returns logits; ``forward(tokens, targets)`` returns the mean loss,
+    computed by ``self.loss_fn`` from the final hidden states and the head weight, so the
+    trainer can swap in a fused (compiled) loss that never materialises fp32 logits. The
+    loss runs inside ``forward`` so FSDP's root hooks have the head weight gathered.
     """
 
     def __init__(self, arch: ModelArchitecture) -> None:
@@ -162,6 +174,7 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.loss_fn: LossFn = eager_cross_entropy
         self._rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +185,7 @@ class Decoder(nn.Module):
             )
         return self._rope_cache[key]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final hidden states (after the last norm), shape (batch, seq, hidden)."""
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rope(tokens.shape[1], tokens.device)
@@ -181,8 +194,15 @@ class Decoder(nn.Module):
         normed: torch.Tensor = self.model.norm(x)
         return normed
 
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.hidden(tokens)
+        if targets is None:
+            logits: torch.Tensor = self.lm_head(hidden)
+            return logits
+        return self.loss_fn(hidden, self.lm_head.weight, targets)
+
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.lm_head(self(tokens))
+        out: torch.Tensor = self(tokens)
         return out
 
     @torch.no_grad()

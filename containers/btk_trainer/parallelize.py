@@ -1,0 +1,262 @@
+"""Apply the knobs to a :class:`~btk_trainer.model.Decoder`: precision, TP, AC, compile, FSDP2.
+
+The order follows torchtitan: float8/MXFP8 module swap -> tensor parallel -> activation
+checkpointing -> ``torch.compile`` per block -> FSDP2 ``fully_shard`` per block and root.
+
+Device mesh: ``(dp_replicate, dp_shard, tp)``. ``full_shard`` shards over every data-parallel
+rank (``dp_replicate = 1``); ``hybrid_shard`` shards within a node and replicates across
+nodes (``dp_replicate = nodes``, HSDP through a 2-D mesh); ``no_shard`` replicates
+everywhere (``dp_shard = 1``, plain data parallel through the same code path).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from btk.errors import BtkError
+from btk.knobs import TrainingKnobs
+from btk_trainer.model import Decoder, eager_cross_entropy
+
+MIN_FP8_CAPABILITY = (8, 9)  # Ada/Hopper and newer have fp8 tensor cores
+MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the three mesh dimensions."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+def mesh_shape(world_size: int, nnodes: int, knobs: TrainingKnobs) -> MeshShape:
+    """The mesh for ``world_size`` ranks on ``nnodes`` nodes under ``knobs``; one-line errors."""
+    tp = knobs.tensor_parallel
+    if world_size % tp:
+        raise BtkError(f"tensor_parallel={tp} must divide the {world_size} GPUs of the job")
+    if nnodes > 1 and (world_size // nnodes) % tp:
+        raise BtkError(f"tensor_parallel={tp} must divide the {world_size // nnodes} GPUs of one node")
+    dp = world_size // tp
+    if knobs.sharding == "no_shard":
+        return MeshShape(dp_replicate=dp, dp_shard=1, tp=tp)
+    if knobs.sharding == "hybrid_shard" and nnodes > 1:
+        if dp % nnodes:
+            raise BtkError(f"sharding=hybrid_shard needs the {dp} data-parallel ranks to divide over {nnodes} nodes")
+        return MeshShape(dp_replicate=nnodes, dp_shard=dp // nnodes, tp=tp)
+    return MeshShape(dp_replicate=1, dp_shard=dp, tp=tp)
+
+
+def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
+    return init_device_mesh(
+        device_type, (shape.dp_replicate, shape.dp_shard, shape.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
+    )
+
+
+def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
+    """(dp_rank, dp_size) of this process: ranks of one TP group share a data slice."""
+    rep, shard = mesh["dp_replicate"], mesh["dp_shard"]
+    return rep.get_local_rank() * shard.size() + shard.get_local_rank(), rep.size() * shard.size()
+
+
+def check_precision(precision: str, capability: tuple[int, int] | None) -> None:
+    """Fail clearly when the GPU (``None``: no GPU) cannot run ``precision``."""
+    if precision == "bf16":
+        return
+    if capability is None:
+        raise BtkError(f"precision={precision} needs an NVIDIA GPU with fp8 tensor cores; use precision=bf16 here")
+    found = f"{capability[0]}.{capability[1]}"
+    if precision == "mxfp8" and capability < MIN_MXFP8_CAPABILITY:
+        raise BtkError(
+            f"precision=mxfp8 needs a Blackwell GPU (compute capability >= 10.0), this GPU is {found}; "
+            "use fp8_tensorwise or fp8_rowwise"
+        )
+    if capability < MIN_FP8_CAPABILITY:
+        raise BtkError(f"precision={precision} needs compute capability >= 8.9 (Hopper/Blackwell), this GPU is {found}")
+
+
+def _low_precision_filter(module: nn.Module, fqn: str) -> bool:
+    """Swap only the blocks' linears whose dims suit fp8 kernels (multiples of 16); never the head."""
+    if not isinstance(module, nn.Linear) or "lm_head" in fqn:
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gather: bool) -> int:
+    """Swap linears for torchao float8 (tensorwise/rowwise) or MXFP8 training; returns how many."""
+    if precision == "bf16":
+        return 0
+    swapped = sum(1 for fqn, module in model.named_modules() if _low_precision_filter(module, fqn))
+    if precision in ("fp8_tensorwise", "fp8_rowwise"):
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = Float8LinearConfig.from_recipe_name(precision.removeprefix("fp8_"))
+        if precision == "fp8_tensorwise" and fsdp_float8_all_gather:
+            config = Float8LinearConfig(
+                enable_fsdp_float8_all_gather=True,
+                cast_config_input=config.cast_config_input,
+                cast_config_weight=config.cast_config_weight,
+                cast_config_grad_output=config.cast_config_grad_output,
+            )
+        convert_to_float8_training(model, config=config, module_filter_fn=_low_precision_filter)
+    elif precision == "mxfp8":
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+        from torchao.quantization import quantize_
+
+        quantize_(
+            model,
+            MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL),
+            filter_fn=_low_precision_filter,
+        )
+    else:
+        raise BtkError(f"unknown precision {precision!r}")
+    return swapped
+
+
+def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -> None:
+    """Megatron-style TP inside each block: column-parallel q/k/v/gate/up, row-parallel o/down."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    arch = model.arch
+    for name, count in (("num_kv_heads", arch.num_kv_heads), ("num_attention_heads", arch.num_attention_heads),
+                        ("ffn_hidden_size", arch.ffn_hidden_size)):
+        if count % tp:
+            raise BtkError(f"tensor_parallel={tp} must divide {name} ({count}); lower tensor_parallel")
+    colwise: Any = ColwiseParallel
+    rowwise: Any = RowwiseParallel
+    if precision == "fp8_tensorwise":
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+        colwise, rowwise = Float8ColwiseParallel, Float8RowwiseParallel
+    elif precision != "bf16":
+        raise BtkError(f"precision={precision} with tensor_parallel>1 is not supported; use fp8_tensorwise or bf16")
+    plan = {
+        "self_attn.q_proj": colwise(),
+        "self_attn.k_proj": colwise(),
+        "self_attn.v_proj": colwise(),
+        "self_attn.o_proj": rowwise(),
+        "mlp.gate_proj": colwise(),
+        "mlp.up_proj": colwise(),
+        "mlp.down_proj": rowwise(),
+    }
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)
+
+
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+def _sac_save_list() -> set[Any]:
+    ops: set[Any] = set(_MATMULS)
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_mm"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            ops.add(op.default)
+    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return ops
+
+
+def selective_policy() -> Any:
+    """Per-op SAC policy: save attention and matmul outputs, but recompute every other matmul."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = _sac_save_list()
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in _MATMULS:
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _sac_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(selective_policy())
+
+
+def apply_activation_checkpointing(model: Decoder, mode: str) -> None:
+    """Wrap each block: ``full`` recomputes the block, ``selective`` follows :func:`selective_policy`."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for index, layer in enumerate(model.model.layers):
+        if mode == "full":
+            wrapped = checkpoint_wrapper(layer, preserve_rng_state=False)
+        elif mode == "selective":
+            wrapped = checkpoint_wrapper(layer, preserve_rng_state=False, context_fn=_sac_context)
+        else:
+            raise BtkError(f"unknown activation_checkpointing {mode!r}")
+        model.model.layers[index] = wrapped
+
+
+def apply_compile(model: Decoder) -> None:
+    """``torch.compile`` each block in place (parameter names are unchanged)."""
+    for layer in model.model.layers:
+        layer.compile(fullgraph=True)
+
+
+def apply_fused_loss(model: Decoder) -> None:
+    """Compile head matmul + upcast + cross-entropy into one graph: no fp32 logits tensor."""
+    model.loss_fn = torch.compile(eager_cross_entropy, fullgraph=True)
+
+
+def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: torch.dtype | None) -> None:
+    """FSDP2 ``fully_shard`` per block and on the root; fp32 gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dp_mesh = mesh["dp_shard"] if shape.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers = list(model.model.layers)
+    for index, layer in enumerate(layers):
+        # The last block is needed first in backward: keep it gathered after forward.
+        fully_shard(layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=index < len(layers) - 1)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def parallelize(
+    model: Decoder,
+    knobs: TrainingKnobs,
+    mesh: DeviceMesh,
+    shape: MeshShape,
+    *,
+    param_dtype: torch.dtype | None,
+    capability: tuple[int, int] | None,
+    compile_enabled: bool | None = None,
+    fused_loss_enabled: bool | None = None,
+) -> Decoder:
+    """Apply every knob to ``model`` (in place) and return it.
+
+    ``compile_enabled`` / ``fused_loss_enabled`` override ``knobs.compile`` / ``knobs.fused_loss``
+    (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes).
+    """
+    check_precision(knobs.precision, capability)
+    apply_low_precision(model, knobs.precision, fsdp_float8_all_gather=shape.dp_shard > 1)
+    if shape.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"], knobs.precision)
+    apply_activation_checkpointing(model, knobs.activation_checkpointing)
+    if knobs.compile if compile_enabled is None else compile_enabled:
+        apply_compile(model)
+    if knobs.fused_loss if fused_loss_enabled is None else fused_loss_enabled:
+        apply_fused_loss(model)
+    apply_fsdp(model, mesh, shape, param_dtype)
+    return model
+

@@ -1,0 +1,388 @@
+"""The training loop: one process per GPU, launched by torchrun (see :mod:`btk_trainer.entrypoint`).
+
+    torchrun ... -m btk_trainer.train --hyperparameters hyperparameters.json \\
+        --data-dir /opt/ml/input/data/train --checkpoint-dir /opt/ml/checkpoints \\
+        --model-dir /opt/ml/model --nnodes 2
+
+Every knob of :class:`~btk.knobs.TrainingKnobs` is honoured (see :mod:`btk_trainer.parallelize`);
+the schedule comes from :class:`~btk.profile.TrainingIntent` (warmup + cosine to
+``min_learning_rate_ratio * learning_rate``, AdamW, gradient clipping, gradient accumulation).
+SIGTERM (SageMaker stop, spot reclaim) makes every rank finish its step, write a checkpoint
+and exit 0; a restarted job resumes from the latest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from btk import hardware
+from btk.errors import BtkError
+from btk.hyperparameters import JobHyperparameters, from_hyperparameters
+from btk.metrics import format_metric_line
+from btk.throughput import model_flops_per_token
+from btk_trainer import checkpoint
+from btk_trainer.data import ResumableSampler, TokenShards, next_batch
+from btk_trainer.model import Decoder, export_hf, load_safetensors
+from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
+
+GIB = 1024**3
+STOP_AT_STEP_ENV = "BTK_TEST_SIGTERM_AT_STEP"  # test hook: each rank signals itself after this step
+
+
+class Windows(Protocol):
+    def __len__(self) -> int: ...
+    def window(self, index: int) -> np.ndarray[Any, Any]: ...
+
+
+class SyntheticWindows:
+    """Deterministic random token windows (benchmarks and tests without a dataset)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, count: int = 1 << 16, seed: int = 0) -> None:
+        self.vocab_size, self.seq_len, self.count, self.seed = vocab_size, seq_len, count, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def window(self, index: int) -> np.ndarray[Any, Any]:
+        return np.random.default_rng([self.seed, index]).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
+
+
+@dataclass
+class RunConfig:
+    """Where a run reads and writes, and the overrides tests and benchmarks use."""
+
+    spec: JobHyperparameters
+    data_dir: Path | None = None  # None: synthetic tokens
+    checkpoint_dir: Path | None = None  # None: no checkpoints, no resume
+    model_dir: Path | None = None  # None: no final export
+    nnodes: int = 1
+    device: str | None = None  # default: cuda when available
+    param_dtype: str | None = None  # "bfloat16" / "float32"; default bf16 on GPU, fp32 on CPU
+    compile: bool | None = None  # default: knobs.compile on GPU, off on CPU
+    max_steps: int | None = None  # overrides job.max_steps / the token budget
+    verify_data: bool = True
+    stop_at_step: int | None = None  # test hook, see STOP_AT_STEP_ENV
+    return_state: bool = False  # tests: gather the full fp32 weights into RunResult.final_state
+
+
+@dataclass
+class RunResult:
+    steps_done: int
+    interrupted: bool
+    resumed_from: int | None
+    losses: dict[int, float] = field(default_factory=dict)
+    grad_norms: dict[int, float] = field(default_factory=dict)
+    final_state: dict[str, torch.Tensor] | None = None
+    metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+def learning_rate(step: int, *, peak: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to ``min_ratio * peak`` at ``total``."""
+    if warmup and step <= warmup:
+        return peak * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def total_steps(spec: JobHyperparameters, dp_size: int, override: int | None) -> int:
+    if override is not None:
+        return override
+    if spec.job.max_steps is not None:
+        return spec.job.max_steps
+    if spec.training.total_tokens is None:
+        raise BtkError("set job.max_steps or train.total_tokens: the run needs a length")
+    knobs = spec.knobs
+    tokens_per_step = knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len * dp_size
+    return max(1, spec.training.total_tokens // tokens_per_step)
+
+
+def peak_bf16_tflops(device: torch.device) -> float:
+    """Dense bf16 peak of this GPU from the btk hardware catalog; 0 on CPU or an unknown GPU."""
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device).lower().split()
+    specs = {instance.gpu.name: instance.gpu for instance in hardware.INSTANCE_TYPES.values()}
+    specs.update({v.name: v for v in vars(hardware).values() if isinstance(v, hardware.GpuSpec)})
+    matches = [spec for spec in specs.values() if set(spec.name.lower().split()) <= set(name)]
+    if not matches:
+        return 0.0
+    best = max(matches, key=lambda spec: len(spec.name))
+    return best.peak_tflops("bf16") if best.supports("bf16") else 0.0
+
+
+class _StopFlag:
+    """SIGTERM sets the flag; the loop checks it (agreed over all ranks) after each step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def forward_backward(
+    model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int
+) -> torch.Tensor:
+    """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
+
+    Returns this rank's summed (scaled) loss as a detached tensor.
+    """
+    loss_sum = torch.zeros((), device=device)
+    for _ in range(accumulation):
+        inputs, targets = next_batch(windows, sampler, device)  # type: ignore[arg-type]
+        loss = model(inputs, targets) / accumulation
+        loss.backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
+@torch.no_grad()
+def init_parameters(model: Decoder, seed: int, std: float = 0.02) -> None:
+    """Layout-independent init: each full parameter from its own seeded generator, then this rank's shard.
+
+    The same seed gives the same model whatever the sharding or TP degree.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    depth_std = std / math.sqrt(2 * model.arch.num_layers)
+    for index, (name, parameter) in enumerate(model.named_parameters()):
+        shape, device = parameter.shape, parameter.device
+        if parameter.ndim == 1:
+            full = torch.ones(shape, device=device) if "norm" in name else torch.zeros(shape, device=device)
+        else:
+            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index)
+            scale = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+            full = torch.empty(shape, device=device).normal_(0.0, scale, generator=generator)
+        if isinstance(parameter, DTensor):
+            local = distribute_tensor(full, parameter.device_mesh, parameter.placements, src_data_rank=None)
+            parameter.to_local().copy_(local.to_local())
+        else:
+            parameter.copy_(full)
+
+
+def load_pretrained(model: Decoder, directory: Path) -> None:
+    """Load a Hugging Face safetensors checkpoint into the (sharded) model; rank 0 reads the files."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full: dict[str, torch.Tensor] = {}
+    if dist.get_rank() == 0:
+        with torch.device("meta"):
+            reference = Decoder(model.arch)
+        reference.to_empty(device="cpu")
+        load_safetensors(reference, directory)
+        full = reference.state_dict()
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def _setup_distributed(device_type: str) -> None:
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend)
+
+
+def train(config: RunConfig) -> RunResult:  # noqa: PLR0915 - the loop reads best in one piece
+    """Run (or resume) training; the process group must be initialised or be initialisable from env."""
+    spec, knobs = config.spec, config.spec.knobs
+    device_type = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    _setup_distributed(device_type)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        capability: tuple[int, int] | None = torch.cuda.get_device_capability(device)
+    else:
+        device, capability = torch.device("cpu"), None
+    on_gpu = device.type == "cuda"
+    param_dtype = getattr(torch, config.param_dtype or ("bfloat16" if on_gpu else "float32"))
+    shape = mesh_shape(world, config.nnodes, knobs)
+    mesh = build_mesh(shape, device_type)
+    dp_rank, dp_size = data_parallel_rank(mesh)
+    steps = total_steps(spec, dp_size, config.max_steps)
+    torch.manual_seed(spec.job.seed)
+
+    with torch.device("meta"):
+        model = Decoder(spec.architecture)
+    parallelize(
+        model, knobs, mesh, shape,
+        param_dtype=None if param_dtype == torch.float32 else param_dtype,
+        capability=capability,
+        compile_enabled=(knobs.compile if on_gpu else False) if config.compile is None else config.compile,
+        fused_loss_enabled=knobs.fused_loss and on_gpu,
+    )
+    model.to_empty(device=device)
+    if spec.job.init_from:
+        load_pretrained(model, Path(spec.job.init_from))
+    else:
+        init_parameters(model, spec.job.seed)
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    intent = spec.training
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": intent.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=intent.learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=on_gpu, foreach=None if on_gpu else True,
+    )
+
+    windows: Windows
+    if config.data_dir is None:
+        windows = SyntheticWindows(spec.architecture.vocab_size, knobs.seq_len, seed=spec.job.seed)
+    else:
+        windows = TokenShards(config.data_dir, knobs.seq_len, verify=config.verify_data)
+        vocab = windows.manifest.vocab_size
+        if vocab > spec.architecture.vocab_size:
+            raise BtkError(f"dataset vocab_size {vocab} exceeds arch.vocab_size {spec.architecture.vocab_size}")
+    sampler = ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=dp_rank,
+                               dp_size=dp_size, seed=spec.job.seed)
+
+    start_step, resumed_from = 0, None
+    if config.checkpoint_dir is not None:
+        latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
+        if latest is not None:
+            trainer_state = checkpoint.load(latest[1], model, optimizer)
+            sampler.load_state_dict(trainer_state["sampler"])
+            start_step = resumed_from = int(trainer_state["step"])
+            if rank == 0:
+                print(f"btk: resumed from {latest[1]} (step {start_step})", flush=True)
+
+    stop_at = config.stop_at_step
+    if stop_at is None and os.environ.get(STOP_AT_STEP_ENV):
+        stop_at = int(os.environ[STOP_AT_STEP_ENV])
+    flops_per_token = model_flops_per_token(spec.architecture, knobs.seq_len)
+    peak = peak_bf16_tflops(device)
+    tokens_per_gpu_step = knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len * dp_size / world
+    result = RunResult(steps_done=start_step, interrupted=False, resumed_from=resumed_from)
+    log_every = spec.job.log_interval_steps
+    last_saved = start_step
+
+    def save(step: int) -> None:
+        nonlocal last_saved
+        if config.checkpoint_dir is None or step == last_saved:
+            return
+        state = {"step": step, "sampler": sampler.state_dict()}
+        checkpoint.save(config.checkpoint_dir, step, model, optimizer, state,
+                        local_rank=local_rank, keep=spec.job.keep_last_checkpoints)
+        last_saved = step
+
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    window_start, window_steps = time.perf_counter(), 0
+    with _StopFlag() as stop:
+        for step in range(start_step + 1, steps + 1):
+            lr = learning_rate(step, peak=intent.learning_rate, warmup=intent.warmup_steps, total=steps,
+                               min_ratio=intent.min_learning_rate_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = forward_backward(model, windows, sampler, device, knobs.gradient_accumulation_steps)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), intent.max_grad_norm, foreach=True)
+            optimizer.step()
+            result.grad_norms[step] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
+                                            else grad_norm)
+            result.steps_done = step
+            window_steps += 1
+
+            if stop_at is not None and step == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            flags = torch.tensor([1 if stop.requested else 0], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            stopping = bool(flags.item())
+
+            if step % log_every == 0 or step == steps or stopping:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                mean_loss = loss_sum.item() / world
+                elapsed = time.perf_counter() - window_start
+                tokens_per_second = tokens_per_gpu_step * window_steps / elapsed
+                tflops = flops_per_token * tokens_per_second / 1e12
+                metrics = {
+                    "step": step, "loss": mean_loss, "tokens_per_second_per_gpu": tokens_per_second,
+                    "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else 0.0,
+                    "peak_memory_gib": torch.cuda.max_memory_allocated(device) / GIB if on_gpu else 0.0,
+                }
+                result.losses[step] = mean_loss
+                result.metrics.append(metrics)
+                if rank == 0:
+                    print(format_metric_line(**metrics), flush=True)  # type: ignore[arg-type]
+                window_start, window_steps = time.perf_counter(), 0
+
+            if stopping:
+                save(step)
+                result.interrupted = True
+                if rank == 0:
+                    print(f"btk: SIGTERM: checkpoint at step {step} written, exiting", flush=True)
+                return result
+            if step % spec.job.checkpoint_interval_steps == 0:
+                save(step)
+
+    if config.model_dir is not None:
+        export_model(model, spec, config.model_dir)
+    if config.return_state:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        result.final_state = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+    return result
+
+
+def export_model(model: Decoder, spec: JobHyperparameters, directory: Path) -> None:
+    """Gather the full weights and write Hugging Face safetensors + config.json (rank 0)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        export_hf(state, spec.architecture, directory)
+    dist.barrier()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="btk_trainer.train")
+    parser.add_argument("--hyperparameters", type=Path, required=True, help="SageMaker hyperparameters.json")
+    parser.add_argument("--data-dir", type=Path, default=None, help="shard dataset directory (default: synthetic)")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None)
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--nnodes", type=int, default=int(os.environ.get("BTK_NNODES", "1")))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        spec = from_hyperparameters(json.loads(args.hyperparameters.read_text()))
+        result = train(RunConfig(spec=spec, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
+                                 model_dir=args.model_dir, nnodes=args.nnodes))
+    except BtkError as error:
+        print(f"btk: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0 if result.steps_done >= 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""Multi-process CPU (gloo) scenarios for the trainer tests; run as a script, results as JSON.
+
+    python tests/trainer/dist_worker.py SCENARIO WORKDIR [WORLD_SIZE]
+
+Each scenario runs in ``WORLD_SIZE`` spawned processes (default 2) and rank 0 writes
+``WORKDIR/result.json``. Kept in one process group per scenario so the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(HERE)]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from btk.hyperparameters import JobHyperparameters, JobSettings  # noqa: E402
+from btk.knobs import TrainingKnobs  # noqa: E402
+from btk.profile import TrainingIntent  # noqa: E402
+
+
+def spec_for(workdir: Path, **knob_values: Any) -> JobHyperparameters:
+    from conftest import tiny_llama
+
+    job = knob_values.pop("job", {})
+    knobs = TrainingKnobs(**{"micro_batch_size": 2, "seq_len": 32, "compile": False, "fused_loss": False,
+                             **knob_values})
+    intent = TrainingIntent(seq_len=knobs.seq_len, global_batch_tokens=4096, learning_rate=3e-3, warmup_steps=2,
+                            weight_decay=0.1, max_grad_norm=1.0)
+    settings = JobSettings(profile="tiny", seed=11, checkpoint_interval_steps=3, keep_last_checkpoints=2,
+                           log_interval_steps=1, **job)
+    return JobHyperparameters(knobs=knobs, architecture=tiny_llama(), training=intent, job=settings)
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch.Tensor], float, bool]:
+    """Full gradients after one accumulated step; also whether parameters are really sharded."""
+    from torch.distributed.tensor import DTensor
+
+    from btk_trainer.data import ResumableSampler, TokenShards
+    from btk_trainer.model import Decoder
+    from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
+    from btk_trainer.train import forward_backward, init_parameters
+
+    knobs = spec.knobs
+    shape = mesh_shape(dist.get_world_size(), 1, knobs)
+    mesh = build_mesh(shape, "cpu")
+    with torch.device("meta"):
+        model = Decoder(spec.architecture)
+    parallelize(model, knobs, mesh, shape, param_dtype=None, capability=None)
+    model.to_empty(device="cpu")
+    init_parameters(model, spec.job.seed)
+    weight = model.model.layers[0].mlp.up_proj.weight
+    sharded = isinstance(weight, DTensor) and weight.to_local().shape[0] < weight.shape[0]
+    windows = TokenShards(data_dir, knobs.seq_len)
+    dp_rank, dp_size = data_parallel_rank(mesh)
+    sampler = ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=dp_rank,
+                               dp_size=dp_size, seed=spec.job.seed)
+    loss = forward_backward(model, windows, sampler, torch.device("cpu"), knobs.gradient_accumulation_steps)
+    dist.all_reduce(loss)
+    grads = {}
+    for name, parameter in model.named_parameters():
+        grad = parameter.grad
+        name = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        grads[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().clone()
+    return grads, float(loss) / dist.get_world_size(), sharded
+
+
+def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Loss falls; parameters are sharded; AC modes and grad accumulation give the same gradients."""
+    from btk_trainer.train import RunConfig, train
+
+    out: dict[str, Any] = {}
+    run = train(RunConfig(spec=spec_for(workdir), data_dir=data_dir, max_steps=25, device="cpu"))
+    out["losses"] = [run.losses[s] for s in sorted(run.losses)]
+
+    reference, ref_loss, sharded = grads_for(spec_for(workdir), data_dir)
+    out["sharded"] = sharded
+    out["ac"] = {}
+    for mode in ("selective", "full"):
+        grads, loss, _ = grads_for(spec_for(workdir, activation_checkpointing=mode), data_dir)
+        out["ac"][mode] = {
+            "max_abs_diff": max(float((grads[k] - reference[k]).abs().max()) for k in reference),
+            "loss_diff": abs(loss - ref_loss),
+        }
+    big, big_loss, _ = grads_for(spec_for(workdir, micro_batch_size=2, gradient_accumulation_steps=1), data_dir)
+    acc, acc_loss, _ = grads_for(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2), data_dir)
+    out["accumulation"] = {
+        "max_abs_diff": max(float((acc[k] - big[k]).abs().max()) for k in big),
+        "max_abs_grad": max(float(big[k].abs().max()) for k in big),
+        "loss_diff": abs(acc_loss - big_loss),
+    }
+    # TP=2 on 2 ranks leaves one data-parallel rank: give it both ranks' windows (4) to match.
+    tp, tp_loss, _ = grads_for(spec_for(workdir, tensor_parallel=2, micro_batch_size=4), data_dir)
+    out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
+                              "loss_diff": abs(tp_loss - ref_loss)}
+    return out
+
+
+def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
+    """SIGTERM at random steps, resume, compare final weights with an uninterrupted run."""
+    from btk_trainer.checkpoint import complete_checkpoints
+    from btk_trainer.train import RunConfig, train
+
+    steps = 8
+    spec = spec_for(workdir, gradient_accumulation_steps=2, activation_checkpointing="selective")
+    straight = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu", return_state=True))
+    reference = straight.final_state or {}
+    out: dict[str, Any] = {"runs": []}
+    stops = sorted(random.Random(seed).sample(range(1, steps), 3))
+    for stop in stops:
+        ckpt = workdir / f"ckpt_{stop}"
+        first = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
+                                checkpoint_dir=ckpt, stop_at_step=stop))
+        second = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
+                                 checkpoint_dir=ckpt, model_dir=workdir / f"model_{stop}", return_state=True))
+        final = second.final_state or {}
+        out["runs"].append({
+            "stop": stop, "interrupted": first.interrupted, "first_steps": first.steps_done,
+            "resumed_from": second.resumed_from, "steps": second.steps_done,
+            "kept": [step for step, _ in complete_checkpoints(ckpt)],
+            "losses_after": {str(k): v for k, v in second.losses.items()},
+            "bit_identical": sorted(final) == sorted(reference)
+            and all(torch.equal(final[k], reference[k]) for k in reference),
+            "max_abs_diff": max((float((final[k] - reference[k]).abs().max()) for k in reference), default=-1.0),
+            "exported": sorted(p.name for p in (workdir / f"model_{stop}").iterdir())
+            if (workdir / f"model_{stop}").is_dir() else [],
+        })
+    out["straight_losses"] = {str(k): v for k, v in straight.losses.items()}
+    return out
+
+
+def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_dir: str, seed: int) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if scenario == "core":
+            result = scenario_core(Path(workdir), Path(data_dir))
+        elif scenario == "resume":
+            result = scenario_resume(Path(workdir), Path(data_dir), seed)
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+        if rank == 0:
+            (Path(workdir) / "result.json").write_text(json.dumps(result, indent=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+if __name__ == "__main__":
+    name, work, data = sys.argv[1], sys.argv[2], sys.argv[3]
+    world_size = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    seed_value = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    mp.spawn(_worker, args=(world_size, free_port(), name, work, data, seed_value), nprocs=world_size, join=True)
