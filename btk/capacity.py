@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typing only: the Lambda copy of this module has no pydantic
+    from btk.environment import EnvironmentConfig
 
 TARGET_RESOURCE = "training-job"
 READY_STATUSES = ("Scheduled", "Active")
@@ -163,6 +166,22 @@ class ReservationRequest:
         if self.end_before is not None:
             parameters["EndTimeBefore"] = utc(self.end_before)
         return parameters
+
+
+def reservation_request(env: EnvironmentConfig) -> ReservationRequest:
+    """The reservation inputs of an environment whose ``capacity.mode`` is ``reserve``."""
+    reserve = env.capacity
+    if reserve.mode != "reserve":
+        raise CapacityError(f"environment {env.name}: capacity.mode is {reserve.mode}, not reserve")
+    return ReservationRequest(
+        environment=env.name,
+        instance_type=env.instance_type,
+        instance_count=reserve.instance_count,
+        start_after=reserve.start_after,
+        end_before=reserve.end_before,
+        duration_hours=reserve.duration_hours,
+        availability_zone=env.availability_zone,
+    )
 
 
 @dataclass(frozen=True)
@@ -480,6 +499,24 @@ def wait_for_plan(
 # --------------------------------------------------------------------------- policies
 
 
+def plan_problems(
+    plan: TrainingPlan, *, instance_type: str, availability_zone: str, instance_count: int = 1
+) -> list[str]:
+    """Why ``plan`` cannot serve the environment's training jobs; empty when it can."""
+    problems: list[str] = []
+    if TARGET_RESOURCE not in plan.target_resources:
+        problems.append(f"targets {'+'.join(plan.target_resources) or 'nothing'}, not {TARGET_RESOURCE}")
+    if plan.instance_types != (instance_type,):
+        problems.append(f"instance type {'+'.join(plan.instance_types) or 'none'}, not {instance_type}")
+    if plan.availability_zones != (availability_zone,):
+        problems.append(f"AZ {'+'.join(plan.availability_zones) or 'none'}, not {availability_zone}")
+    if plan.total_instance_count < instance_count:
+        problems.append(f"{plan.total_instance_count} instances < instance_count {instance_count}")
+    if plan.status in DEAD_STATUSES:
+        problems.append(f"status {plan.status}")
+    return problems
+
+
 def verify_existing_plan(
     client: Any,
     plan_arn: str,
@@ -492,23 +529,23 @@ def verify_existing_plan(
     plan = describe_plan(client, plan_arn)
     if plan is None:
         raise CapacityError(f"capacity.plan_arn {plan_arn} does not exist in this account/region: fix the ARN")
-    problems: list[str] = []
-    if TARGET_RESOURCE not in plan.target_resources:
-        problems.append(f"targets {'+'.join(plan.target_resources) or 'nothing'}, not {TARGET_RESOURCE}")
-    if plan.instance_types != (instance_type,):
-        problems.append(f"instance type {'+'.join(plan.instance_types) or 'none'}, not {instance_type}")
-    if plan.availability_zones != (availability_zone,):
-        problems.append(f"AZ {'+'.join(plan.availability_zones) or 'none'}, not {availability_zone}")
-    if plan.total_instance_count < instance_count:
-        problems.append(f"{plan.total_instance_count} instances < instance_count {instance_count}")
-    if plan.status in DEAD_STATUSES:
-        problems.append(f"status {plan.status}")
+    problems = plan_problems(
+        plan, instance_type=instance_type, availability_zone=availability_zone, instance_count=instance_count
+    )
     if problems:
         raise CapacityError(
             f"capacity.plan_arn {plan.name} does not fit the environment: {'; '.join(problems)}: "
             "use a matching plan or change the environment"
         )
     return plan
+
+
+def plan_instance_types() -> tuple[str, ...]:
+    """Instance types SageMaker sells as training plans, from botocore's service model (offline)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return tuple(model.shape_for("ReservedCapacityInstanceType").enum)
 
 
 @dataclass(frozen=True)

@@ -90,22 +90,6 @@ def handler_code() -> lambda_.Code:
     )
 
 
-def reservation_request(env_config: EnvironmentConfig) -> capacity.ReservationRequest:
-    """The reservation inputs of a ``reserve`` environment (they name the plan)."""
-    reserve = env_config.capacity
-    if not isinstance(reserve, ReservePlanCapacity):
-        raise ValueError(f"environment {env_config.name}: capacity.mode is {reserve.mode}, not reserve")
-    return capacity.ReservationRequest(
-        environment=env_config.name,
-        instance_type=env_config.instance_type,
-        instance_count=reserve.instance_count,
-        start_after=reserve.start_after,
-        end_before=reserve.end_before,
-        duration_hours=reserve.duration_hours,
-        availability_zone=env_config.availability_zone,
-    )
-
-
 def check_capacity(env_config: EnvironmentConfig, availability_zone: str | None = None) -> None:
     """Synth-time checks beyond ``EnvironmentConfig``'s own; raises ValueError with one line."""
     name = env_config.name
@@ -116,7 +100,7 @@ def check_capacity(env_config: EnvironmentConfig, availability_zone: str | None 
         )
     if env_config.capacity.mode == "on_demand":
         return
-    sellable = capacity_instance_types()
+    sellable = capacity.plan_instance_types()
     if sellable and env_config.instance_type not in sellable:
         raise ValueError(
             f"environment {name}: instance_type {env_config.instance_type} is not sold as a training plan: "
@@ -128,14 +112,6 @@ def check_capacity(env_config: EnvironmentConfig, availability_zone: str | None 
             f"environment {name}: capacity.instance_count {reserve.instance_count} is less than instance_count "
             f"{env_config.instance_count}: reserve at least as many instances as a job uses"
         )
-
-
-def capacity_instance_types() -> tuple[str, ...]:
-    """Instance types the API sells as plans, from botocore's service model (offline)."""
-    import botocore.session
-
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return tuple(model.shape_for("ReservedCapacityInstanceType").enum)
 
 
 #: checkov findings that do not apply to a custom-resource handler, with the reason.
@@ -219,7 +195,7 @@ class TrainingPlanReservation(Construct):
         else:
             reserve = env_config.capacity
             assert isinstance(reserve, ReservePlanCapacity)
-            request = reservation_request(env_config)
+            request = capacity.reservation_request(env_config)
             self.plan_name = request.plan_name()
             properties.update(request.to_properties())
             properties["MaxUpfrontFee"] = repr(float(reserve.max_upfront_fee or 0))

@@ -1,17 +1,303 @@
-"""``btk capacity``: training-plan offerings and the environment's plan (issue 6)."""
+"""``btk capacity search`` and ``btk capacity show``: training-plan offerings and the environment's plan.
+
+``btk.capacity`` (and with it boto3) is imported inside the handlers only, so ``btk plan``
+stays fast. The SageMaker client comes from ``btk.capacity.sagemaker_client(region)``.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from btk.errors import BtkError
+
+if TYPE_CHECKING:
+    from btk.capacity import Offering, ReservationRequest, TrainingPlan
+    from btk.environment import EnvironmentConfig
+
+DEFAULT_DURATION_HOURS = 7 * 24
+MAX_DURATION_HOURS = 182 * 24
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser("capacity", help="training-plan offerings (not yet built)")
-    parser.set_defaults(handler=_not_built)
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "capacity", help="training-plan offerings and the environment's plan"
+    )
+    commands = parser.add_subparsers(dest="capacity_command", required=True, parser_class=type(parser))
+
+    search = commands.add_parser("search", help="offerings for a profile, with the fee per billion tokens")
+    search.add_argument("--env", required=True, help="environment name (environments.py)")
+    search.add_argument("--profile", required=True, help="model profile whose throughput prices the tokens")
+    search.add_argument("--start-after", help="ISO-8601 time; default: the reserve window's, else now")
+    search.add_argument("--end-before", help="ISO-8601 time; default: the reserve window's, else none")
+    search.add_argument("--duration-hours", type=int, help=f"whole days in hours; default {DEFAULT_DURATION_HOURS}")
+    search.add_argument("--instance-count", type=int, help="instances; default: the reserve count, else the env's")
+    search.add_argument("--format", choices=("table", "json"), default="table")
+    search.set_defaults(handler=_search)
+
+    show = commands.add_parser("show", help="the environment's plan: on-demand, existing ARN or reserve name")
+    show.add_argument("--env", required=True, help="environment name (environments.py)")
+    show.add_argument("--format", choices=("table", "json"), default="table")
+    show.set_defaults(handler=_show)
 
 
-def _not_built(args: argparse.Namespace) -> int:
-    from btk.errors import BtkError
+# --------------------------------------------------------------------------- search
 
-    raise BtkError("btk capacity is not built yet (issue 6)")
+
+def _search(args: argparse.Namespace) -> int:
+    from btk import capacity
+
+    env = _environment(args.env)
+    request = _search_request(env, args)
+    profile, tokens_per_second_per_gpu, gpus = _throughput(env, args.profile, request.instance_count)
+    try:
+        client = capacity.sagemaker_client(env.region)
+        offerings = capacity.rank_offerings(capacity.search_offerings(client, request), env.availability_zone)
+    except capacity.CapacityError as error:
+        raise BtkError(str(error)) from None
+
+    rows = [_offering_row(offering, env, tokens_per_second_per_gpu, gpus) for offering in offerings]
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "environment": env.name,
+                    "profile": profile,
+                    "instance_type": request.instance_type,
+                    "instance_count": request.instance_count,
+                    "start_after": capacity.iso(request.start_after),
+                    "end_before": capacity.iso(request.end_before) if request.end_before else None,
+                    "duration_hours": request.duration_hours,
+                    "availability_zone": env.availability_zone,
+                    "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
+                    "gpus": gpus,
+                    "offerings": rows,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
+        return 0
+    window = f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h after " + (
+        capacity.iso(request.start_after)
+    )
+    print(f"{env.name}: training-plan offerings for {window} (AZ {env.availability_zone})")
+    print(f"{profile}: {tokens_per_second_per_gpu:,.0f} tokens/s/GPU x {gpus} GPUs (planner)")
+    if not rows:
+        print("no offerings: widen the window (--start-after/--end-before) or change --duration-hours")
+        return 0
+    _print_table(rows)
+    return 0
+
+
+def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> ReservationRequest:
+    from btk import capacity
+    from btk.environment import TRAINING_PLAN_INSTANCE_COUNTS, ReservePlanCapacity
+
+    if env.instance_type not in capacity.plan_instance_types():
+        raise BtkError(f"environment {env.name}: instance_type {env.instance_type} is not sold as a training plan")
+    reserve = env.capacity if isinstance(env.capacity, ReservePlanCapacity) else None
+    try:
+        if args.start_after:
+            start = capacity.parse_iso(args.start_after, "--start-after")
+        else:
+            start = reserve.start_after if reserve else datetime.now(UTC).replace(microsecond=0)
+        if args.end_before:
+            end: datetime | None = capacity.parse_iso(args.end_before, "--end-before")
+        else:
+            end = reserve.end_before if reserve else None
+    except capacity.CapacityError as error:
+        raise BtkError(str(error)) from None
+    duration = args.duration_hours or (reserve.duration_hours if reserve else DEFAULT_DURATION_HOURS)
+    count = args.instance_count or (reserve.instance_count if reserve else env.instance_count)
+    if args.duration_hours is not None and (duration % 24 or not 24 <= duration <= MAX_DURATION_HOURS):
+        raise BtkError(f"--duration-hours {duration}: use whole days, 24 to {MAX_DURATION_HOURS} hours")
+    if args.instance_count is not None and count not in TRAINING_PLAN_INSTANCE_COUNTS:
+        allowed = ", ".join(map(str, TRAINING_PLAN_INSTANCE_COUNTS))
+        raise BtkError(f"--instance-count {count} is not sold: use one of {allowed}")
+    if end is not None and end <= start:
+        raise BtkError("--end-before must be after --start-after")
+    return capacity.ReservationRequest(
+        environment=env.name,
+        instance_type=env.instance_type,
+        instance_count=count,
+        start_after=start,
+        end_before=end,
+        duration_hours=duration,
+        availability_zone=env.availability_zone,
+    )
+
+
+def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[str, float, int]:
+    """(profile, planner tokens/s per GPU, GPUs) for ``nodes`` instances of the env's type."""
+    from btk.catalog import get_profile
+    from btk.hardware import get_instance_type
+    from btk.planner import plan_profile
+
+    profile = get_profile(profile_name)
+    instance = get_instance_type(env.instance_type)
+    plan = plan_profile(profile, instance, nodes)
+    return profile.name, float(plan.evaluation.estimate.tokens_per_second_per_gpu), nodes * instance.gpus_per_node
+
+
+def fee_per_billion_tokens(
+    fee: float | None, tokens_per_second_per_gpu: float, gpus: int, hours: float
+) -> float | None:
+    """Up-front fee divided by the billions of tokens the plan trains at the planner's speed."""
+    billions = tokens_billion(tokens_per_second_per_gpu, gpus, hours)
+    if fee is None or billions <= 0:
+        return None
+    return fee / billions
+
+
+def tokens_billion(tokens_per_second_per_gpu: float, gpus: int, hours: float) -> float:
+    return tokens_per_second_per_gpu * gpus * hours * 3600 / 1e9
+
+
+def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:
+    row = offering.to_json()
+    row["in_environment_az"] = offering.in_zone(env.availability_zone)
+    row["tokens_billion"] = round(tokens_billion(tokens_per_second, gpus, offering.duration_hours), 3)
+    fee = fee_per_billion_tokens(offering.upfront_fee, tokens_per_second, gpus, offering.duration_hours)
+    row["fee_per_billion_tokens"] = round(fee, 2) if fee is not None else None
+    return row
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    header = ("offering", "upfront fee", "cur", "start", "end", "AZ", "inst", "hours", "B tokens", "fee/B tok")
+    lines = [header]
+    for row in rows:
+        fee = row["upfront_fee"]
+        per_billion = row["fee_per_billion_tokens"]
+        zones = "+".join(row["availability_zones"]) or "?"
+        lines.append(
+            (
+                row["offering_id"],
+                f"{fee:,.2f}" if fee is not None else "?",
+                row["currency"] or "?",
+                _short(row["start_time"]),
+                _short(row["end_time"]),
+                zones if row["in_environment_az"] else f"{zones} (other AZ)",
+                str(row["instance_count"]),
+                f"{row['duration_hours']:g}",
+                f"{row['tokens_billion']:,.1f}",
+                f"{per_billion:,.2f}" if per_billion is not None else "?",
+            )
+        )
+    widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _short(value: str | None) -> str:
+    return value.replace("+00:00", "Z") if value else "?"
+
+
+# --------------------------------------------------------------------------- show
+
+
+def _show(args: argparse.Namespace) -> int:
+    from btk import capacity
+    from btk.environment import ExistingPlanCapacity, ReservePlanCapacity
+
+    env = _environment(args.env)
+    config = env.capacity
+    result: dict[str, Any] = {"environment": env.name, "mode": config.mode}
+    lines: list[str] = []
+    if isinstance(config, ExistingPlanCapacity):
+        result["plan_arn"] = config.plan_arn
+        plan = _describe(env, config.plan_arn)
+        if plan is None:
+            raise BtkError(f"environment {env.name}: capacity.plan_arn {config.plan_arn} does not exist: fix the ARN")
+        problems = capacity.plan_problems(
+            plan,
+            instance_type=env.instance_type,
+            availability_zone=env.availability_zone,
+            instance_count=env.instance_count,
+        )
+        result.update(plan=plan.to_json(), problems=problems)
+        lines.append(f"{env.name}: existing training plan {config.plan_arn}")
+        lines.extend(_plan_lines(plan))
+        lines.append("fits the environment" if not problems else "does NOT fit the environment: " + "; ".join(problems))
+    elif isinstance(config, ReservePlanCapacity):
+        request = capacity.reservation_request(env)
+        name = request.plan_name()
+        result.update(
+            plan_name=name,
+            reservation=request.to_properties(),
+            max_upfront_fee=config.max_upfront_fee,
+            purchase_approved=config.purchase_approved,
+        )
+        window = f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h after " + (
+            capacity.iso(request.start_after)
+        )
+        if request.end_before is not None:
+            window += f", ending before {capacity.iso(request.end_before)}"
+        lines.append(f"{env.name}: reserve {window} in {env.availability_zone}")
+        lines.append(
+            f"plan name {name}; max_upfront_fee {config.max_upfront_fee:,.2f}; "
+            f"purchase_approved {str(config.purchase_approved).lower()}"
+        )
+        plan = _describe(env, name)
+        result["plan"] = plan.to_json() if plan else None
+        if plan is None:
+            lines.append("not bought yet: the next deploy buys the best offering within the ceiling in this AZ")
+        else:
+            lines.extend(_plan_lines(plan))
+        others = [other for other in _list(env, f"{capacity.NAME_PREFIX}-{env.name}-") if other.name != name]
+        result["other_plans"] = [other.to_json() for other in others]
+        for other in others:
+            lines.append(f"other plan of {env.name} (earlier reservation inputs): {other.name} {other.status}")
+    else:
+        lines.append(f"{env.name}: capacity on_demand: no training plan; jobs run on on-demand capacity")
+    _emit(args.format, result, lines)
+    return 0
+
+
+def _plan_lines(plan: TrainingPlan) -> list[str]:
+    from btk import capacity
+
+    start = capacity.iso(plan.start_time) if plan.start_time else "?"
+    end = capacity.iso(plan.end_time) if plan.end_time else "?"
+    zones = "+".join(plan.availability_zones) or "?"
+    types = "+".join(plan.instance_types) or "?"
+    return [
+        f"plan {plan.name}: {plan.status}" + (f" ({plan.status_message})" if plan.status_message else ""),
+        f"  {plan.total_instance_count} x {types} in {zones}, {start} -> {end}",
+        f"  up-front fee {capacity.format_fee(plan.upfront_fee, plan.currency)}; targets "
+        + ("+".join(plan.target_resources) or "?"),
+        "  a plan cannot be deleted: it expires on its end date",
+    ]
+
+
+def _describe(env: EnvironmentConfig, name_or_arn: str) -> TrainingPlan | None:
+    from btk import capacity
+
+    try:
+        return capacity.describe_plan(capacity.sagemaker_client(env.region), name_or_arn)
+    except capacity.CapacityError as error:
+        raise BtkError(str(error)) from None
+
+
+def _list(env: EnvironmentConfig, prefix: str) -> list[TrainingPlan]:
+    from btk import capacity
+
+    try:
+        return capacity.list_plans(capacity.sagemaker_client(env.region), prefix)
+    except capacity.CapacityError as error:
+        raise BtkError(str(error)) from None
+
+
+def _emit(output_format: str, result: dict[str, Any], lines: list[str]) -> None:
+    if output_format == "json":
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        print("\n".join(lines))
+
+
+def _environment(name: str) -> EnvironmentConfig:
+    from btk import catalog
+
+    return catalog.get_environment(name)

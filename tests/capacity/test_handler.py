@@ -1,0 +1,365 @@
+"""The custom-resource handler, every path of issue 6, against a Stubber-backed client.
+
+Each test asserts the exact list of SageMaker operations called: no stray CreateTrainingPlan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, load_handler, offering, plan_arn
+
+from btk import capacity
+
+handler = load_handler()
+
+RESERVE: dict[str, str] = {
+    "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:framework",
+    "Mode": "reserve",
+    "Environment": "prod",
+    "InstanceType": INSTANCE,
+    "InstanceCount": "2",
+    "StartAfter": capacity.iso(START),
+    "EndBefore": "",
+    "DurationHours": "168",
+    "AvailabilityZone": AZ,
+    "MaxUpfrontFee": "150000.0",
+    "PurchaseApproved": "true",
+    "WaitSeconds": "600",
+}
+NAME = capacity.ReservationRequest.from_properties(RESERVE).plan_name()
+SEARCH = {
+    "TargetResources": ["training-job"],
+    "InstanceType": INSTANCE,
+    "InstanceCount": 2,
+    "StartTimeAfter": START,
+    "DurationHours": 168,
+}
+NOT_FOUND = {
+    "service_error_code": "ResourceNotFound",
+    "service_message": "Training plan not found",
+    "http_status_code": 400,
+}
+
+
+def event(request_type: str, properties: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {
+        "RequestType": request_type,
+        "LogicalResourceId": "PlanResource",
+        "ResourceType": "Custom::TrainingPlan",
+        "ResourceProperties": properties,
+        **extra,
+    }
+
+
+def expect_not_bought_yet(sagemaker: StubbedSageMaker, name: str = NAME) -> None:
+    sagemaker.stubber.add_client_error(
+        "describe_training_plan", expected_params={"TrainingPlanName": name}, **NOT_FOUND
+    )
+
+
+def run(sagemaker: StubbedSageMaker, evt: dict[str, Any], clock: FakeClock | None = None) -> dict[str, Any]:
+    clock = clock or FakeClock()
+    result: dict[str, Any] = handler.handle(evt, sagemaker.client, sleep=clock.sleep, clock=clock.clock)
+    return result
+
+
+def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    offerings = [
+        offering("tpo-later", fee="90000.00", start=START.replace(day=9)),
+        offering("tpo-other-az", fee="50000.00", az="us-east-1b"),
+        offering("tpo-best", fee="120000.00"),
+        offering("tpo-too-dear", fee="200000.00"),
+    ]
+    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
+    sagemaker.stubber.add_response(
+        "create_training_plan",
+        {"TrainingPlanArn": plan_arn(NAME)},
+        {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-best"},
+    )
+    sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
+    )
+    sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
+    clock = FakeClock()
+
+    result = run(sagemaker, event("Create", RESERVE), clock)
+
+    assert sagemaker.calls == [
+        "DescribeTrainingPlan",
+        "SearchTrainingPlanOfferings",
+        "CreateTrainingPlan",
+        "DescribeTrainingPlan",
+        "DescribeTrainingPlan",
+    ]
+    sagemaker.done()
+    assert result == {
+        "PhysicalResourceId": plan_arn(NAME),
+        "Data": {"PlanArn": plan_arn(NAME), "PlanName": NAME, "Status": "Scheduled", "Bought": "true"},
+    }
+    assert clock.sleeps == [capacity.DEFAULT_POLL_SECONDS]
+
+
+def test_fee_over_the_ceiling_fails_listing_the_offerings_and_buys_nothing(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    offerings = [offering("tpo-dear", fee="180000.00"), offering("tpo-dearer", fee="260000.00")]
+    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        run(sagemaker, event("Create", RESERVE))
+
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "within max_upfront_fee 150,000.00" in message
+    assert "tpo-dear (180,000.00 USD, us-east-1a" in message and "tpo-dearer" in message
+    assert "fee 180,000.00 USD > max_upfront_fee 150,000.00" in message
+    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    sagemaker.done()
+
+
+def test_without_approval_nothing_is_bought_even_in_range(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-fine", fee="1000.00")]}, SEARCH
+    )
+    unapproved = {**RESERVE, "PurchaseApproved": "false"}
+
+    with pytest.raises(capacity.CapacityError, match=r"set capacity.purchase_approved to buy; offerings: tpo-fine"):
+        run(sagemaker, event("Create", unapproved))
+
+    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    sagemaker.done()
+
+
+def test_offerings_only_in_another_az_are_never_bought(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    offerings = [offering("tpo-b", fee="1000.00", az="us-east-1b"), offering("tpo-c", fee="900.00", az="us-east-1c")]
+    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        run(sagemaker, event("Create", RESERVE))
+
+    assert "no offering in us-east-1a" in str(raised.value)
+    assert "AZ us-east-1c is not the environment's us-east-1a" in str(raised.value)
+    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    sagemaker.done()
+
+
+def test_empty_offering_list_fails_with_the_window(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
+
+    with pytest.raises(capacity.CapacityError, match=r"no training-plan offerings for 2 x ml.p6-b200.48xlarge, 168 h"):
+        run(sagemaker, event("Create", RESERVE))
+
+    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    sagemaker.done()
+
+
+def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(sagemaker: StubbedSageMaker) -> None:
+    # First deploy: buys, then the plan stays Pending past the deadline -> the deploy fails.
+    expect_not_bought_yet(sagemaker)
+    sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
+    )
+    sagemaker.stubber.add_response(
+        "create_training_plan",
+        {"TrainingPlanArn": plan_arn(NAME)},
+        {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
+    )
+    short_wait = {**RESERVE, "WaitSeconds": "30"}
+    for _ in range(3):  # t=0, t=15, t=30 -> deadline
+        sagemaker.stubber.add_response(
+            "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
+        )
+
+    with pytest.raises(capacity.PlanNotReadyError, match="found by name and not bought twice"):
+        run(sagemaker, event("Create", short_wait))
+
+    # Second deploy (after the failed one rolled back): the name finds the plan; nothing is bought.
+    sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
+    )
+    sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
+    )
+    sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(NAME, status="Scheduled"), {"TrainingPlanName": NAME}
+    )
+
+    result = run(sagemaker, event("Create", RESERVE))
+
+    assert sagemaker.calls.count("CreateTrainingPlan") == 1
+    assert sagemaker.calls == [
+        "DescribeTrainingPlan",
+        "SearchTrainingPlanOfferings",
+        "CreateTrainingPlan",
+        *["DescribeTrainingPlan"] * 3,
+        *["DescribeTrainingPlan"] * 3,
+    ]
+    sagemaker.done()
+    assert result["PhysicalResourceId"] == plan_arn(NAME)
+    assert result["Data"]["Bought"] == "false"
+
+
+def test_update_with_unchanged_inputs_is_a_no_op(sagemaker: StubbedSageMaker) -> None:
+    # Raising the fee ceiling or re-approving is not a reason to buy: only the identity counts.
+    new = {**RESERVE, "MaxUpfrontFee": "999999.0", "WaitSeconds": "300"}
+
+    result = run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+
+    assert sagemaker.calls == []
+    sagemaker.done()
+    assert result["PhysicalResourceId"] == plan_arn(NAME)
+    assert result["Data"]["PlanArn"] == plan_arn(NAME)
+    assert result["Data"]["PlanName"] == NAME
+    assert result["Data"]["Bought"] == "false"
+
+
+def test_update_with_a_new_window_looks_for_the_new_name_first(sagemaker: StubbedSageMaker) -> None:
+    new = {**RESERVE, "DurationHours": "336"}
+    new_name = capacity.ReservationRequest.from_properties(new).plan_name()
+    assert new_name != NAME
+    sagemaker.stubber.add_response("describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name})
+    sagemaker.stubber.add_response("describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name})
+
+    result = run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+
+    assert sagemaker.calls == ["DescribeTrainingPlan", "DescribeTrainingPlan"]
+    sagemaker.done()
+    assert result["PhysicalResourceId"] == plan_arn(new_name)
+
+
+def test_update_with_changed_unapproved_inputs_buys_nothing(sagemaker: StubbedSageMaker) -> None:
+    new = {**RESERVE, "InstanceCount": "4", "PurchaseApproved": "false"}
+    new_name = capacity.ReservationRequest.from_properties(new).plan_name()
+    expect_not_bought_yet(sagemaker, new_name)
+    sagemaker.stubber.add_response(
+        "search_training_plan_offerings",
+        {"TrainingPlanOfferings": [offering("tpo-4", count=4)]},
+        {**SEARCH, "InstanceCount": 4},
+    )
+
+    with pytest.raises(capacity.CapacityError, match="purchase_approved"):
+        run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+
+    assert "CreateTrainingPlan" not in sagemaker.calls
+    sagemaker.done()
+
+
+def test_delete_calls_nothing_and_says_the_plan_expires(sagemaker: StubbedSageMaker) -> None:
+    result = run(sagemaker, event("Delete", RESERVE, PhysicalResourceId=plan_arn(NAME)))
+
+    assert sagemaker.calls == []
+    sagemaker.done()
+    assert result["PhysicalResourceId"] == plan_arn(NAME)
+    assert "expires on its own end date" in result["Data"]["Message"]
+
+
+EXISTING = {
+    "Mode": "existing",
+    "PlanArn": plan_arn("team-plan"),
+    "InstanceType": INSTANCE,
+    "InstanceCount": "2",
+    "AvailabilityZone": AZ,
+}
+
+
+def test_existing_plan_of_the_wrong_instance_type_fails(sagemaker: StubbedSageMaker) -> None:
+    sagemaker.stubber.add_response(
+        "describe_training_plan",
+        described_plan("team-plan", instance_type="ml.p5.48xlarge"),
+        {"TrainingPlanName": plan_arn("team-plan")},
+    )
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        run(sagemaker, event("Create", EXISTING))
+
+    assert str(raised.value) == (
+        "capacity.plan_arn team-plan does not fit the environment: instance type ml.p5.48xlarge, not "
+        "ml.p6-b200.48xlarge: use a matching plan or change the environment"
+    )
+    assert sagemaker.calls == ["DescribeTrainingPlan"]
+    sagemaker.done()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"az": "us-east-1b"}, "AZ us-east-1b, not us-east-1a"),
+        ({"targets": ("hyperpod-cluster",)}, "targets hyperpod-cluster, not training-job"),
+        ({"count": 1}, "1 instances < instance_count 2"),
+        ({"status": "Expired"}, "status Expired"),
+    ],
+)
+def test_existing_plan_mismatches_are_named(
+    sagemaker: StubbedSageMaker, overrides: dict[str, Any], problem: str
+) -> None:
+    sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", **overrides))
+
+    with pytest.raises(capacity.CapacityError, match=problem):
+        run(sagemaker, event("Create", EXISTING))
+
+    assert sagemaker.calls == ["DescribeTrainingPlan"]
+
+
+def test_existing_plan_that_fits_returns_its_arn_without_buying(sagemaker: StubbedSageMaker) -> None:
+    sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", status="Active"))
+
+    result = run(sagemaker, event("Create", EXISTING))
+
+    assert result["PhysicalResourceId"] == plan_arn("team-plan")
+    assert result["Data"]["Status"] == "Active"
+    assert sagemaker.calls == ["DescribeTrainingPlan"]
+
+
+def test_existing_plan_that_does_not_exist_fails(sagemaker: StubbedSageMaker) -> None:
+    sagemaker.stubber.add_client_error("describe_training_plan", **NOT_FOUND)
+
+    with pytest.raises(capacity.CapacityError, match="does not exist in this account/region: fix the ARN"):
+        run(sagemaker, event("Create", EXISTING))
+
+
+def test_access_denied_is_one_line(sagemaker: StubbedSageMaker) -> None:
+    sagemaker.stubber.add_client_error(
+        "describe_training_plan",
+        service_error_code="AccessDeniedException",
+        service_message="User is not authorized\nto perform sagemaker:DescribeTrainingPlan",
+        http_status_code=403,
+    )
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        run(sagemaker, event("Create", RESERVE))
+
+    assert str(raised.value) == (
+        "DescribeTrainingPlan failed: AccessDeniedException: User is not authorized to perform "
+        "sagemaker:DescribeTrainingPlan"
+    )
+    assert sagemaker.calls == ["DescribeTrainingPlan"]
+
+
+@pytest.mark.parametrize(
+    ("properties", "message"),
+    [
+        ({**RESERVE, "MaxUpfrontFee": ""}, "MaxUpfrontFee must be a positive number"),
+        ({**RESERVE, "MaxUpfrontFee": "-5"}, "MaxUpfrontFee must be a positive number"),
+        ({k: v for k, v in RESERVE.items() if k != "DurationHours"}, "reservation property DurationHours is missing"),
+        ({**RESERVE, "StartAfter": "next monday"}, "StartAfter 'next monday' is not an ISO-8601 time"),
+        ({**RESERVE, "Mode": "buy"}, "Mode 'buy' is not existing or reserve"),
+    ],
+)
+def test_bad_properties_fail_before_any_call(
+    sagemaker: StubbedSageMaker, properties: dict[str, str], message: str
+) -> None:
+    with pytest.raises(capacity.CapacityError, match=message):
+        run(sagemaker, event("Create", properties))
+
+    assert sagemaker.calls == []
+
+
+def test_wait_is_bounded_by_the_lambda_time_left() -> None:
+    assert handler._wait_seconds({"WaitSeconds": "600"}, remaining_seconds=200.0) == 170.0
+    assert handler._wait_seconds({"WaitSeconds": "60"}, remaining_seconds=900.0) == 60.0
+    assert handler._wait_seconds({}, remaining_seconds=None) == capacity.DEFAULT_WAIT_SECONDS

@@ -1,0 +1,269 @@
+"""TrainingPlanReservation: resources per mode, least-privilege role, bundled handler, cdk-nag."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Match, Template
+from conftest import ACCOUNT, REGION
+
+from btk import capacity
+from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCapacity, ReservePlanCapacity
+from training_constructs.nag import apply_nag
+from training_constructs.training_plan import PLAN_ACTIONS, TrainingPlanReservation
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+
+RESERVE = ReservePlanCapacity(
+    start_after=datetime(2026, 3, 2, tzinfo=UTC),
+    duration_hours=168,
+    instance_count=2,
+    max_upfront_fee=150000,
+    purchase_approved=True,
+)
+EXISTING = ExistingPlanCapacity(plan_arn=f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-plan/team-plan")
+
+
+def environment(capacity_config: Any, **overrides: Any) -> EnvironmentConfig:
+    values: dict[str, Any] = {
+        "name": "prod",
+        "availability_zone": "us-east-1a",
+        "profiles": ("llama3.1-8b",),
+        "instance_count": 2,
+        "capacity": capacity_config,
+    }
+    values.update(overrides)
+    return EnvironmentConfig(**values)
+
+
+class Synth:
+    def __init__(self, env_config: EnvironmentConfig, outdir: Path, nag: bool = True) -> None:
+        self.app = cdk.App(outdir=str(outdir))
+        if nag:
+            apply_nag(self.app)
+        self.stack = cdk.Stack(self.app, "PlanTest", env=cdk.Environment(account=ACCOUNT, region=REGION))
+        self.plan = TrainingPlanReservation(self.stack, "Plan", env_config=env_config)
+        assembly = self.app.synth()  # raises when cdk-nag reports an unacknowledged finding
+        self.outdir = Path(assembly.directory)
+        self.template = Template.from_stack(self.stack)
+        self.json: dict[str, Any] = self.template.to_json()
+
+    def resolve(self, value: Any) -> Any:
+        return self.stack.resolve(value)
+
+    def role_statements(self, role_id: str) -> list[dict[str, Any]]:
+        role_ref = self.resolve(self.plan.node.find_child(role_id).role_name)  # type: ignore[attr-defined]
+        statements: list[dict[str, Any]] = []
+        for resource in self.json["Resources"].values():
+            if resource["Type"] == "AWS::IAM::Policy" and role_ref in resource["Properties"]["Roles"]:
+                statements.extend(resource["Properties"]["PolicyDocument"]["Statement"])
+        return statements
+
+
+@pytest.fixture(scope="module")
+def reserve(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    return Synth(environment(RESERVE), tmp_path_factory.mktemp("reserve"))
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    return Synth(environment(EXISTING), tmp_path_factory.mktemp("existing"))
+
+
+def actions(statements: list[dict[str, Any]]) -> set[str]:
+    found: set[str] = set()
+    for statement in statements:
+        value = statement["Action"]
+        found.update([value] if isinstance(value, str) else value)
+    return found
+
+
+def test_on_demand_creates_nothing_and_has_no_plan_arn(tmp_path: Path) -> None:
+    synth = Synth(environment(OnDemandCapacity()), tmp_path)
+    assert synth.plan.plan_arn is None and synth.plan.custom_resource is None and synth.plan.handler is None
+    assert synth.json.get("Resources", {}) == {}
+
+
+def test_reserve_custom_resource_carries_the_reservation_inputs(reserve: Synth) -> None:
+    request = capacity.reservation_request(reserve.plan.env_config)
+    reserve.template.resource_count_is("Custom::TrainingPlan", 1)
+    reserve.template.has_resource_properties(
+        "Custom::TrainingPlan",
+        {
+            **request.to_properties(),
+            "Mode": "reserve",
+            "MaxUpfrontFee": "150000.0",
+            "PurchaseApproved": "true",
+            "WaitSeconds": "600",
+            "ServiceToken": Match.any_value(),
+        },
+    )
+    assert reserve.plan.plan_name == request.plan_name()
+    custom = reserve.plan.custom_resource
+    assert custom is not None
+    assert reserve.resolve(reserve.plan.plan_arn) == {
+        "Fn::GetAtt": [reserve.stack.get_logical_id(custom.node.default_child), "PlanArn"]  # type: ignore[arg-type]
+    }
+
+
+def test_handler_runs_on_the_latest_python_with_the_lambda_limit(reserve: Synth) -> None:
+    reserve.template.has_resource_properties(
+        "AWS::Lambda::Function", {"Runtime": "python3.14", "Handler": "index.on_event", "Timeout": 900}
+    )
+
+
+def test_reserve_role_may_only_search_create_describe_and_list_its_own_plans(reserve: Synth) -> None:
+    statements = reserve.role_statements("HandlerRole")
+    sagemaker = [s for s in statements if any(a.startswith("sagemaker:") for a in actions([s]))]
+    assert actions(sagemaker) == set(PLAN_ACTIONS)
+    assert actions(statements) - set(PLAN_ACTIONS) == {"logs:CreateLogStream", "logs:PutLogEvents"}
+    by_sid = {s["Sid"]: s for s in sagemaker}
+    assert by_sid["SearchAndListPlans"]["Resource"] == "*"
+    assert reserve.resolve(by_sid["BuyAndDescribeOwnPlans"]["Resource"]) == {
+        "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":sagemaker:{REGION}:{ACCOUNT}:training-plan/btk-prod-*"]]
+    }
+    assert all(s["Effect"] == "Allow" for s in statements)
+
+
+def test_existing_role_may_only_describe_the_configured_plan(existing: Synth) -> None:
+    statements = existing.role_statements("HandlerRole")
+    sagemaker = [s for s in statements if any(a.startswith("sagemaker:") for a in actions([s]))]
+    assert sagemaker == [
+        {
+            "Action": "sagemaker:DescribeTrainingPlan",
+            "Effect": "Allow",
+            "Resource": EXISTING.plan_arn,
+            "Sid": "DescribeConfiguredPlan",
+        }
+    ]
+    assert existing.plan.plan_arn is not None
+    existing.template.has_resource_properties(
+        "Custom::TrainingPlan", {"Mode": "existing", "PlanArn": EXISTING.plan_arn, "InstanceCount": "2"}
+    )
+
+
+def test_provider_framework_role_only_invokes_the_handler_and_writes_its_logs(reserve: Synth) -> None:
+    assert actions(reserve.role_statements("ProviderRole")) == {
+        "lambda:InvokeFunction",
+        "lambda:GetFunction",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    }
+
+
+def test_no_role_uses_a_managed_policy(reserve: Synth) -> None:
+    roles = reserve.template.find_resources("AWS::IAM::Role")
+    assert roles and all("ManagedPolicyArns" not in role["Properties"] for role in roles.values())
+
+
+def test_lambdas_carry_checkov_skips_with_reasons(reserve: Synth) -> None:
+    functions = reserve.template.find_resources("AWS::Lambda::Function")
+    assert len(functions) == 2
+    for function in functions.values():
+        skips = function["Metadata"]["checkov"]["skip"]
+        assert {skip["id"] for skip in skips} == {"CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117", "CKV_AWS_173"}
+        assert all(len(skip["comment"]) > 30 for skip in skips)
+
+
+def handler_asset(synth: Synth) -> Path:
+    function = next(
+        f
+        for f in synth.template.find_resources("AWS::Lambda::Function").values()
+        if f["Properties"]["Runtime"].startswith("python")
+    )
+    asset_hash = function["Properties"]["Code"]["S3Key"].removesuffix(".zip")
+    return synth.outdir / f"asset.{asset_hash}"
+
+
+def test_bundled_asset_holds_the_handler_and_the_single_capacity_module(reserve: Synth) -> None:
+    asset = handler_asset(reserve)
+    assert sorted(str(p.relative_to(asset)) for p in asset.rglob("*.py")) == [
+        "btk/__init__.py",
+        "btk/capacity.py",
+        "index.py",
+    ]
+    assert (asset / "btk" / "capacity.py").read_bytes() == Path(capacity.__file__).read_bytes()
+
+
+def test_bundled_handler_imports_without_pydantic_or_the_rest_of_btk(reserve: Synth) -> None:
+    asset = handler_asset(reserve)
+    probe = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import index; "
+        "print(json.dumps({'capacity': index.capacity.__file__, "
+        "'pydantic': 'pydantic' in sys.modules, 'btk': sorted(m for m in sys.modules if m.startswith('btk'))}))"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", probe, str(asset)], check=True, capture_output=True, text=True, cwd=asset
+    ).stdout
+    result = json.loads(output)
+    assert result["capacity"].startswith(str(asset))
+    assert result["pydantic"] is False
+    assert result["btk"] == ["btk", "btk.capacity"]
+
+
+def test_synth_is_deterministic(tmp_path: Path, reserve: Synth) -> None:
+    again = Synth(environment(RESERVE), tmp_path, nag=False)
+    assert again.json == reserve.json
+
+
+def test_network_az_mismatch_fails_synth_with_one_line() -> None:
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    with pytest.raises(ValueError) as raised:
+        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE), availability_zone="us-east-1b")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "S/Plan: environment prod: the network's AZ us-east-1b is not availability_zone us-east-1a"
+    )
+
+
+def test_reserving_fewer_instances_than_a_job_uses_fails_synth() -> None:
+    stack = cdk.Stack(cdk.App(), "S")
+    with pytest.raises(ValueError, match=r"capacity.instance_count 2 is less than instance_count 4: reserve at least"):
+        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE, instance_count=4))
+
+
+def test_an_instance_type_not_sold_as_a_plan_fails_synth() -> None:
+    stack = cdk.Stack(cdk.App(), "S")
+    with pytest.raises(ValueError, match=r"instance_type ml.g5.48xlarge is not sold as a training plan"):
+        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING, instance_type="ml.g5.48xlarge"))
+
+
+def test_stack_in_another_region_fails_synth() -> None:
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region="us-west-2"))
+    with pytest.raises(ValueError, match=r"stack region us-west-2 is not region us-east-1"):
+        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING))
+
+
+def test_wait_timeout_beyond_the_lambda_limit_fails_synth() -> None:
+    stack = cdk.Stack(cdk.App(), "S")
+    with pytest.raises(ValueError, match=r"wait_timeout must be at most 14 minutes"):
+        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE), wait_timeout=cdk.Duration.minutes(15))
+
+
+def test_grant_describe_scopes_to_the_plan() -> None:
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    on_demand = TrainingPlanReservation(stack, "OnDemand", env_config=environment(OnDemandCapacity()))
+    plan = TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING))
+    role = cdk.aws_iam.Role(stack, "Jobs", assumed_by=cdk.aws_iam.ServicePrincipal("sagemaker.amazonaws.com"))
+    assert on_demand.grant_describe(role) is None
+    assert plan.grant_describe(role) is not None
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "Roles": [{"Ref": stack.get_logical_id(role.node.default_child)}],  # type: ignore[arg-type]
+            "PolicyDocument": {
+                "Statement": [
+                    {"Action": "sagemaker:DescribeTrainingPlan", "Effect": "Allow", "Resource": Match.any_value()}
+                ]
+            },
+        },
+    )
