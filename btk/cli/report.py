@@ -15,9 +15,12 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from btk.errors import BtkError
+
+if TYPE_CHECKING:
+    from btk.report.predict import Predictor
 
 
 def register(subparsers: Any) -> None:
@@ -45,7 +48,7 @@ def run_report(
     client: Any = None,
     now: datetime | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    predictor: Any = None,
+    predictor: Predictor | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
