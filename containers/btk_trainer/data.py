@@ -126,7 +126,9 @@ class ResumableSampler:
         self.state = SamplerState(epoch=int(state["epoch"]), position=int(state["position"]))
 
 
-def next_batch(shards: TokenShards, sampler: ResumableSampler, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def next_batch(
+    shards: TokenShards, sampler: ResumableSampler, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) of shape (micro_batch_size, seq_len) for this rank."""
     windows = np.stack([shards.window(i) for i in sampler.next_indices()])
     tokens = torch.from_numpy(windows)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

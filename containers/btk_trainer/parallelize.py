@@ -12,7 +12,6 @@ everywhere (``dp_shard = 1``, plain data parallel through the same code path).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,40 +20,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
+from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import Decoder, eager_cross_entropy
+
+__all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "mesh_shape", "parallelize"]
 
 MIN_FP8_CAPABILITY = (8, 9)  # Ada/Hopper and newer have fp8 tensor cores
 MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell
-
-
-@dataclass(frozen=True)
-class MeshShape:
-    """Sizes of the three mesh dimensions."""
-
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-
-def mesh_shape(world_size: int, nnodes: int, knobs: TrainingKnobs) -> MeshShape:
-    """The mesh for ``world_size`` ranks on ``nnodes`` nodes under ``knobs``; one-line errors."""
-    tp = knobs.tensor_parallel
-    if world_size % tp:
-        raise BtkError(f"tensor_parallel={tp} must divide the {world_size} GPUs of the job")
-    if nnodes > 1 and (world_size // nnodes) % tp:
-        raise BtkError(f"tensor_parallel={tp} must divide the {world_size // nnodes} GPUs of one node")
-    dp = world_size // tp
-    if knobs.sharding == "no_shard":
-        return MeshShape(dp_replicate=dp, dp_shard=1, tp=tp)
-    if knobs.sharding == "hybrid_shard" and nnodes > 1:
-        if dp % nnodes:
-            raise BtkError(f"sharding=hybrid_shard needs the {dp} data-parallel ranks to divide over {nnodes} nodes")
-        return MeshShape(dp_replicate=nnodes, dp_shard=dp // nnodes, tp=tp)
-    return MeshShape(dp_replicate=1, dp_shard=dp, tp=tp)
 
 
 def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:

@@ -14,7 +14,6 @@ and exit 0; a restarted job resumes from the latest complete checkpoint.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -32,11 +31,12 @@ import torch.distributed as dist
 
 from btk import hardware
 from btk.errors import BtkError
-from btk.hyperparameters import JobHyperparameters, from_hyperparameters
+from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_metric_line
 from btk.throughput import model_flops_per_token
 from btk_trainer import checkpoint
 from btk_trainer.data import ResumableSampler, TokenShards, next_batch
+from btk_trainer.entrypoint import load_hyperparameters
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
 
@@ -204,7 +204,7 @@ def _setup_distributed(device_type: str) -> None:
     dist.init_process_group(backend=backend)
 
 
-def train(config: RunConfig) -> RunResult:  # noqa: PLR0915 - the loop reads best in one piece
+def train(config: RunConfig) -> RunResult:
     """Run (or resume) training; the process group must be initialised or be initialisable from env."""
     spec, knobs = config.spec, config.spec.knobs
     device_type = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -372,7 +372,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        spec = from_hyperparameters(json.loads(args.hyperparameters.read_text()))
+        spec = load_hyperparameters(args.hyperparameters)
         result = train(RunConfig(spec=spec, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:

@@ -49,12 +49,11 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch.Tensor], float, bool]:
     """Full gradients after one accumulated step; also whether parameters are really sharded."""
-    from torch.distributed.tensor import DTensor
-
     from btk_trainer.data import ResumableSampler, TokenShards
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
     from btk_trainer.train import forward_backward, init_parameters
+    from torch.distributed.tensor import DTensor
 
     knobs = spec.knobs
     shape = mesh_shape(dist.get_world_size(), 1, knobs)

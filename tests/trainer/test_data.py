@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from btk.errors import BtkError
-from btk.shards import dtype_for_vocab, read_manifest, verify_dataset
 from btk_trainer.data import ResumableSampler, TokenShards, next_batch
 from btk_trainer.tokenize import main as tokenize_main
 from btk_trainer.tokenize import tokenize_to_shards
 
-WORDS = "the quick brown fox jumps over lazy dog and runs far away into woods".split()
+from btk.errors import BtkError
+from btk.shards import dtype_for_vocab, read_manifest, verify_dataset
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "runs", "far", "away", "into", "woods"]
 
 
 def make_tokenizer(path: Path) -> Path:
@@ -72,13 +72,13 @@ def test_corrupted_shard_is_detected_not_trained_on(tmp_path: Path) -> None:
     data = bytearray(target.read_bytes())
     data[3] ^= 0x01  # one flipped bit, same size
     target.write_bytes(bytes(data))
-    with pytest.raises(BtkError, match="shard_00001.bin fails its sha256"):
+    with pytest.raises(BtkError, match=r"shard_00001.bin fails its sha256"):
         TokenShards(tmp_path / "ds", seq_len=8)
     target.write_bytes(bytes(data[:-2]))  # truncated
-    with pytest.raises(BtkError, match="shard_00001.bin has .* bytes"):
+    with pytest.raises(BtkError, match=r"shard_00001.bin has .* bytes"):
         verify_dataset(tmp_path / "ds")
     target.unlink()
-    with pytest.raises(BtkError, match="shard_00001.bin is missing"):
+    with pytest.raises(BtkError, match=r"shard_00001.bin is missing"):
         verify_dataset(tmp_path / "ds")
 
 
@@ -90,13 +90,13 @@ def test_bad_inputs(tmp_path: Path) -> None:
         tokenize_to_shards([bad], tok_path, tmp_path / "ds")
     bad.write_text("not json\n")
     assert tokenize_main(["--input", str(bad), "--tokenizer", str(tok_path), "--output", str(tmp_path / "o")]) == 2
-    with pytest.raises(BtkError, match="no manifest.json"):
+    with pytest.raises(BtkError, match=r"no manifest.json"):
         verify_dataset(tmp_path / "empty")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "manifest.json").write_text(json.dumps(
         {"version": 1, "dtype": "uint16", "vocab_size": 70000, "eos_token_id": 1,
          "shards": [{"file": "a.bin", "num_tokens": 4, "sha256": "0" * 64}]}))
-    with pytest.raises(BtkError, match="uint16 cannot hold vocab_size 70000"):
+    with pytest.raises(BtkError, match=r"uint16 cannot hold vocab_size 70000"):
         read_manifest(tmp_path / "m")
     assert dtype_for_vocab(65536) == "uint16" and dtype_for_vocab(65537) == "uint32"
 
@@ -137,9 +137,9 @@ def test_sampler_splits_ranks_and_resumes() -> None:
     resumed.load_state_dict(state)
     assert head + run(1, 7, resumed)[0] == batches[1]
     other = ResumableSampler(23, micro_batch_size=2, dp_rank=1, dp_size=2, seed=5)
-    with pytest.raises(BtkError, match="global_batch"):
+    with pytest.raises(BtkError, match=r"global_batch"):
         other.load_state_dict(state)
-    with pytest.raises(BtkError, match="fewer than one global micro-batch"):
+    with pytest.raises(BtkError, match=r"fewer than one global micro-batch"):
         ResumableSampler(5, micro_batch_size=2, dp_rank=0, dp_size=3, seed=5)
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_data import WORDS, make_tokenizer, write_jsonl
-
 from btk_trainer.tokenize import tokenize_to_shards
+from test_data import WORDS, make_tokenizer, write_jsonl
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 pytestmark = pytest.mark.slow

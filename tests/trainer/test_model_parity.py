@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from btk_trainer.model import Decoder, export_hf, load_safetensors
 from conftest import tiny_llama, tiny_qwen
 
 from btk.profile import ModelArchitecture
-from btk_trainer.model import Decoder, export_hf, load_safetensors
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,7 +31,7 @@ def test_logits_match_hugging_face(arch: ModelArchitecture, tmp_path: Path) -> N
     ours = Decoder(arch)
     ours.init_weights(seed=7, std=0.1)
     with torch.no_grad():  # random norms and biases too, so every parameter matters
-        for name, parameter in ours.named_parameters():
+        for _name, parameter in ours.named_parameters():
             if parameter.ndim == 1:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
     export_hf(ours.state_dict(), arch, tmp_path / "ckpt", dtype=torch.float32)
@@ -63,10 +63,10 @@ def test_load_rejects_wrong_architecture(llama_arch: ModelArchitecture, tmp_path
     model = Decoder(llama_arch)
     export_hf(model.state_dict(), llama_arch, tmp_path, dtype=torch.float32)
     wider = Decoder(tiny_llama(ffn_hidden_size=128))
-    with pytest.raises(ValueError, match="mlp.gate_proj.weight has shape"):
+    with pytest.raises(ValueError, match=r"mlp.gate_proj.weight has shape"):
         load_safetensors(wider, tmp_path)
     deeper = Decoder(tiny_llama(num_layers=3))
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(ValueError, match=r"missing"):
         load_safetensors(deeper, tmp_path)
     with pytest.raises(FileNotFoundError):
         load_safetensors(model, tmp_path / "nothing")

@@ -1,0 +1,256 @@
+"""The image's SageMaker entrypoint: read the job's config, validate it, launch torchrun.
+
+SageMaker starts the container as ``<entrypoint> train`` on every node. This module:
+
+1. reads ``resourceconfig.json`` (``current_host``, ``hosts``, ``network_interface_name``) and
+   ``hyperparameters.json`` from the config directory (``/opt/ml/input/config``; override with
+   ``--config-dir`` or ``BTK_CONFIG_DIR``), and the ``SM_*`` environment where present;
+2. parses the hyperparameters with :func:`btk.hyperparameters.from_hyperparameters` and checks
+   the parallel layout, so a malformed job fails with one line (stderr and
+   ``/opt/ml/output/failure``) and exit code 2 *before any GPU work*;
+3. runs ``torchrun`` with ``nnodes`` = hosts, ``node_rank`` = this host's index in the sorted
+   hosts, master = the first sorted host, one process per GPU, and forwards SIGTERM straight to
+   the training processes so they can checkpoint (see :mod:`btk_trainer.train`).
+
+``--dry-run`` prints the command and environment as JSON instead of running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from btk.errors import BtkError
+from btk.hyperparameters import JobHyperparameters, from_hyperparameters
+from btk_trainer.layout import mesh_shape
+
+DEFAULT_CONFIG_DIR = Path("/opt/ml/input/config")
+DEFAULT_DATA_ROOT = Path("/opt/ml/input/data")
+DEFAULT_MODEL_DIR = Path("/opt/ml/model")
+DEFAULT_CHECKPOINT_DIR = Path("/opt/ml/checkpoints")
+DEFAULT_FAILURE_FILE = Path("/opt/ml/output/failure")
+DEFAULT_MASTER_PORT = 29500
+TRAIN_CHANNEL = "train"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """This node's view of the cluster, from ``resourceconfig.json``."""
+
+    current_host: str
+    hosts: tuple[str, ...]
+    network_interface_name: str
+
+    @property
+    def node_rank(self) -> int:
+        return self.hosts.index(self.current_host)
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What to run: the torchrun command line and the extra environment."""
+
+    command: list[str]
+    env: dict[str, str]
+    spec: JobHyperparameters
+
+
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise BtkError(f"{what} {path} not found; set --config-dir or BTK_CONFIG_DIR")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise BtkError(f"{what} {path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+
+
+def read_cluster(config_dir: Path) -> ClusterConfig:
+    data = _read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
+    hosts = data.get("hosts") if isinstance(data, dict) else None
+    current = data.get("current_host") if isinstance(data, dict) else None
+    if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
+        raise BtkError("resourceconfig.json: hosts must be a non-empty list of host names")
+    if current not in hosts:
+        raise BtkError(f"resourceconfig.json: current_host {current!r} is not in hosts {hosts}")
+    return ClusterConfig(
+        current_host=str(current),
+        hosts=tuple(sorted(hosts)),
+        network_interface_name=str(data.get("network_interface_name") or "eth0"),
+    )
+
+
+def _unquote(value: object) -> str:
+    """SageMaker SDKs sometimes JSON-encode string values (``'"bf16"'``): accept both forms."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        try:
+            decoded = json.loads(text)
+        except json.JSONDecodeError:
+            return text
+        return decoded if isinstance(decoded, str) else text
+    return text
+
+
+def load_hyperparameters(path: Path) -> JobHyperparameters:
+    """Parse a SageMaker ``hyperparameters.json``; one-line BtkError naming the bad key."""
+    data = _read_json(path, "hyperparameters.json")
+    if not isinstance(data, dict):
+        raise BtkError("hyperparameters.json must hold a JSON object of name -> string")
+    return from_hyperparameters({str(key): _unquote(value) for key, value in data.items()})
+
+
+def gpus_per_node(env: Mapping[str, str]) -> int:
+    """``SM_NUM_GPUS`` / ``BTK_NUM_GPUS`` if set, else the GPUs ``nvidia-smi`` lists (no CUDA init)."""
+    for key in ("BTK_NUM_GPUS", "SM_NUM_GPUS"):
+        if env.get(key):
+            try:
+                count = int(env[key])
+            except ValueError:
+                raise BtkError(f"{key}={env[key]!r} is not an integer") from None
+            if count < 1:
+                raise BtkError(f"{key} must be >= 1, got {count}")
+            return count
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        raise BtkError("no GPUs found (nvidia-smi failed); set BTK_NUM_GPUS to run without it") from None
+    count = sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+    if count < 1:
+        raise BtkError("nvidia-smi lists no GPUs")
+    return count
+
+
+def build_launch(
+    config_dir: Path,
+    env: Mapping[str, str],
+    *,
+    data_dir: Path | None = None,
+    synthetic_data: bool = False,
+    master_port: int = DEFAULT_MASTER_PORT,
+) -> LaunchPlan:
+    """Validate the job and build the torchrun command; raises BtkError with one line."""
+    cluster = read_cluster(config_dir)
+    hyperparameters_file = config_dir / "hyperparameters.json"
+    spec = load_hyperparameters(hyperparameters_file)
+    nproc = gpus_per_node(env)
+    nnodes = len(cluster.hosts)
+    mesh_shape(nnodes * nproc, nnodes, spec.knobs)  # layout errors now, not on the GPUs
+
+    if synthetic_data:
+        data: Path | None = None
+    else:
+        data = data_dir or Path(env.get("SM_CHANNEL_TRAIN", str(DEFAULT_DATA_ROOT / TRAIN_CHANNEL)))
+        if not data.is_dir():
+            raise BtkError(f"training data channel {data} does not exist; add a '{TRAIN_CHANNEL}' channel "
+                           "(FSx or S3) to the job, or pass --synthetic-data for a benchmark")
+    model_dir = Path(env.get("SM_MODEL_DIR", str(DEFAULT_MODEL_DIR)))
+    checkpoint_dir = Path(env.get("BTK_CHECKPOINT_DIR", str(DEFAULT_CHECKPOINT_DIR)))
+
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--node_rank={cluster.node_rank}",
+        f"--nproc_per_node={nproc}",
+        f"--master_addr={cluster.master_addr}",
+        f"--master_port={master_port}",
+        "-m", "btk_trainer.train",
+        f"--hyperparameters={hyperparameters_file}",
+        f"--checkpoint-dir={checkpoint_dir}",
+        f"--model-dir={model_dir}",
+        f"--nnodes={nnodes}",
+    ]
+    if data is not None:
+        command.append(f"--data-dir={data}")
+    extra_env = {
+        "NCCL_SOCKET_IFNAME": cluster.network_interface_name,
+        "GLOO_SOCKET_IFNAME": cluster.network_interface_name,
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "8"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    return LaunchPlan(command=command, env=extra_env, spec=spec)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` from /proc (stdlib only)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def run(plan: LaunchPlan) -> int:
+    """Run torchrun; SIGTERM goes to the training processes (they checkpoint), not to torchrun,
+
+    whose own SIGTERM path would kill them after a fixed 30 s grace.
+    """
+    env = {**os.environ, **plan.env}
+    launcher = subprocess.Popen(plan.command, env=env)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        workers = _children(launcher.pid)
+        for pid in workers or [launcher.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    return launcher.wait()
+
+
+def _fail(message: str, failure_file: Path) -> int:
+    line = f"btk: error: {message}"
+    print(line, file=sys.stderr, flush=True)
+    try:
+        failure_file.parent.mkdir(parents=True, exist_ok=True)
+        failure_file.write_text(line + "\n")
+    except OSError:
+        pass
+    return 2
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(prog="btk-train", description="SageMaker entrypoint of the btk training image")
+    parser.add_argument("mode", nargs="?", default="train", choices=["train"], help="SageMaker passes 'train'")
+    parser.add_argument("--config-dir", type=Path, default=Path(env.get("BTK_CONFIG_DIR", str(DEFAULT_CONFIG_DIR))))
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--synthetic-data", action="store_true", help="train on random tokens (benchmarks)")
+    parser.add_argument("--master-port", type=int, default=int(env.get("BTK_MASTER_PORT", DEFAULT_MASTER_PORT)))
+    parser.add_argument("--failure-file", type=Path,
+                        default=Path(env.get("BTK_FAILURE_FILE", str(DEFAULT_FAILURE_FILE))))
+    parser.add_argument("--dry-run", action="store_true", help="print the launch as JSON and exit")
+    args = parser.parse_args(argv)
+    try:
+        plan = build_launch(args.config_dir, env, data_dir=args.data_dir, synthetic_data=args.synthetic_data,
+                            master_port=args.master_port)
+    except BtkError as error:
+        return _fail(str(error), args.failure_file)
+    if args.dry_run:
+        print(json.dumps({"command": plan.command, "env": plan.env}, indent=2))
+        return 0
+    return run(plan)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

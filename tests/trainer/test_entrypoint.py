@@ -1,0 +1,132 @@
+"""The SageMaker entrypoint: torchrun command from fixture configs; malformed jobs fail early."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from btk_trainer.entrypoint import build_launch, main
+
+FIXTURES = Path(__file__).with_name("fixtures")
+ENV = {"BTK_NUM_GPUS": "8", "SM_MODEL_DIR": "/opt/ml/model"}
+
+
+def _args(command: list[str]) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in command if arg.startswith("--") and "=" in arg)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "train"
+    path.mkdir()
+    return path
+
+
+def test_one_node(data_dir: Path) -> None:
+    plan = build_launch(FIXTURES / "one_node", ENV, data_dir=data_dir)
+    assert plan.command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    args = _args(plan.command)
+    assert args["nnodes"] == "1" and args["node_rank"] == "0" and args["nproc_per_node"] == "8"
+    assert args["master_addr"] == "algo-1" and args["master_port"] == "29500"
+    assert plan.command[plan.command.index("-m", 3) + 1] == "btk_trainer.train"
+    assert args["hyperparameters"] == str(FIXTURES / "one_node" / "hyperparameters.json")
+    assert args["data-dir"] == str(data_dir) and args["model-dir"] == "/opt/ml/model"
+    assert args["checkpoint-dir"] == "/opt/ml/checkpoints"
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert plan.spec.knobs.precision == "mxfp8" and plan.spec.knobs.tensor_parallel == 2
+
+
+def test_four_nodes_rank_from_sorted_hosts(data_dir: Path) -> None:
+    plan = build_launch(FIXTURES / "four_nodes", ENV, data_dir=data_dir, master_port=29600)
+    args = _args(plan.command)
+    # hosts are listed out of order in the fixture; algo-3 is third once sorted.
+    assert args["nnodes"] == "4" and args["node_rank"] == "2" and args["nproc_per_node"] == "8"
+    assert args["master_addr"] == "algo-1" and args["master_port"] == "29600"
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "ens32"
+
+
+def test_dry_run_prints_command(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["train", "--config-dir", str(FIXTURES / "four_nodes"), "--data-dir", str(data_dir), "--dry-run"],
+                env=ENV)
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert "--node_rank=2" in printed["command"]
+
+
+def _copy(tmp_path: Path, **changes: object) -> Path:
+    config = tmp_path / "config"
+    shutil.copytree(FIXTURES / "four_nodes", config)
+    hyperparameters = json.loads((config / "hyperparameters.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            hyperparameters.pop(key, None)
+        else:
+            hyperparameters[key] = value
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    return config
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"precision": "fp4"}, "precision"),
+        ({"micro_batch_size": "zero"}, "micro_batch_size"),
+        ({"arch.hidden_size": None}, "arch.hidden_size"),
+        ({"tensor_parallel": "3"}, "tensor_parallel"),
+        ({"job.checkpoint_interval_steps": "0"}, "job.checkpoint_interval_steps"),
+    ],
+)
+def test_malformed_hyperparameters_fail_with_one_line(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, object], expected: str
+) -> None:
+    config = _copy(tmp_path, **changes)
+    failure = tmp_path / "failure"
+    code = main(["train", "--config-dir", str(config), "--data-dir", str(data_dir), "--failure-file", str(failure)],
+                env=ENV)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("btk: error:") and expected in err
+    assert failure.read_text() == err
+
+
+def test_layout_and_config_errors(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _copy(tmp_path, tensor_parallel="8", sharding="hybrid_shard")
+    assert main(["--config-dir", str(config), "--data-dir", str(data_dir), "--failure-file", str(tmp_path / "f")],
+                env={"BTK_NUM_GPUS": "4"}) == 2
+    assert "tensor_parallel=8 must divide" in capsys.readouterr().err
+    assert main(["--config-dir", str(tmp_path / "missing"), "--failure-file", str(tmp_path / "f")], env=ENV) == 2
+    assert "resourceconfig.json" in capsys.readouterr().err
+    assert main(["--config-dir", str(FIXTURES / "one_node"), "--data-dir", str(tmp_path / "nope"),
+                 "--failure-file", str(tmp_path / "f")], env=ENV) == 2
+    assert "training data channel" in capsys.readouterr().err
+    (config / "resourceconfig.json").write_text('{"hosts": ["algo-1"], "current_host": "algo-9"}')
+    assert main(["--config-dir", str(config), "--failure-file", str(tmp_path / "f")], env=ENV) == 2
+    assert "current_host 'algo-9' is not in hosts" in capsys.readouterr().err
+
+
+def test_quoted_values_are_accepted(tmp_path: Path, data_dir: Path) -> None:
+    config = _copy(tmp_path, precision='"bf16"', micro_batch_size='"2"')
+    plan = build_launch(config, ENV, data_dir=data_dir)
+    assert plan.spec.knobs.precision == "bf16" and plan.spec.knobs.micro_batch_size == 2
+
+
+def test_malformed_job_exits_before_importing_torch(tmp_path: Path, data_dir: Path) -> None:
+    """As a process: exit 2, one stderr line, and torch never imported (so no GPU touched)."""
+    config = _copy(tmp_path, precision="fp4")
+    probe = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]];"
+        "from btk_trainer.entrypoint import main; code = main(sys.argv[3:]);"
+        "assert 'torch' not in sys.modules; raise SystemExit(code)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe, str(Path(__file__).parents[2] / "containers"), str(Path(__file__).parents[2]),
+         "train", "--config-dir", str(config), "--data-dir", str(data_dir), "--failure-file", str(tmp_path / "f")],
+        capture_output=True, text=True, env={"BTK_NUM_GPUS": "8", "PATH": "/usr/bin:/bin"}, check=False, timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.strip().count("\n") == 0 and "precision" in completed.stderr
