@@ -106,6 +106,10 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     from training_constructs.nag import apply_nag
 
     TrainingStack(app, "TrainingStack", env_config=env_config)
+    # CiAccessStack (GitHub OIDC roles) is added only with `-c ci_access=true`: docs/ci.md.
+    from stacks.ci_access_stack import add_ci_access_stack
+
+    add_ci_access_stack(app, list(all_environments().values()), context)
     apply_nag(app)
     return app
 
