@@ -267,3 +267,57 @@ def test_grant_describe_scopes_to_the_plan() -> None:
             },
         },
     )
+
+
+def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter() -> None:
+    from aws_cdk import aws_ec2 as ec2
+    from aws_cdk import aws_iam as iam
+    from aws_cdk import aws_kms as kms
+    from aws_cdk import aws_s3 as s3
+
+    from btk.environment import DataStageConfig
+    from training_constructs.pipeline import PipelineResources, TrainingPipelines
+    from training_constructs.pipeline_definition import PARAM_TRAINING_PLAN_ARN
+
+    env_config = environment(RESERVE, profiles=("llama3.2-1b",), data_stage=DataStageConfig(mode="s3"))
+    stack = cdk.Stack(cdk.App(), "Wired", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    plan = TrainingPlanReservation(stack, "TrainingPlan", env_config=env_config)
+    vpc = ec2.Vpc(
+        stack,
+        "Vpc",
+        availability_zones=[env_config.availability_zone],
+        nat_gateways=0,
+        subnet_configuration=[ec2.SubnetConfiguration(name="t", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
+    )
+    key = kms.Key(stack, "Key")
+    resources = PipelineResources(
+        image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/btk-training:latest",
+        execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
+        key=key,
+        subnets=vpc.isolated_subnets,
+        security_groups=[ec2.SecurityGroup(stack, "Sg", vpc=vpc)],
+        datasets_bucket=s3.Bucket(stack, "Datasets"),
+        checkpoints_bucket=s3.Bucket(stack, "Checkpoints"),
+        artifacts_bucket=s3.Bucket(stack, "Artifacts"),
+    )
+    TrainingPipelines(stack, "Pipelines", env_config, resources=resources, training_plan_arn=plan.plan_arn)
+
+    template = Template.from_stack(stack).to_json()
+    custom_id = stack.get_logical_id(plan.custom_resource.node.default_child)  # type: ignore[union-attr,arg-type]
+    bought = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-plan/{plan.plan_name}"
+
+    def fake(node: Any) -> Any:
+        if isinstance(node, dict) and set(node) == {"Fn::GetAtt"}:
+            return bought if node["Fn::GetAtt"] == [custom_id, "PlanArn"] else "x"
+        if isinstance(node, dict) and set(node) == {"Ref"}:
+            return "x"
+        if isinstance(node, dict) and set(node) == {"Fn::Join"}:
+            separator, parts = node["Fn::Join"]
+            return separator.join(str(fake(part)) for part in parts)
+        return node
+
+    pipelines = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Pipeline"]
+    assert len(pipelines) == 1
+    body = json.loads(fake(pipelines[0]["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"]))
+    parameter = next(p for p in body["Parameters"] if p["Name"] == PARAM_TRAINING_PLAN_ARN)
+    assert parameter["DefaultValue"] == bought
