@@ -15,30 +15,17 @@ jobs ran on with ``DescribeTrainingPlan``. Every list call is paginated.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from btk.naming import TAG_ENVIRONMENT, TAG_PROFILE, pipeline_name
 from btk.report.aws import ResourceMissingError, SageMakerReader
 from btk.report.progress import Progress
 
-TAG_ENVIRONMENT = "btk:environment"
-TAG_PROFILE = "btk:profile"
-TAG_INSTANCE_TYPE = "btk:instance-type"
 PAGE_SIZE = 100
 ISO_UTC = "%Y-%m-%dT%H:%M:%SZ"
-
-
-def pipeline_name(environment: str, profile: str) -> str:
-    """The pipeline the stack creates for ``profile`` in ``environment``: ``btk-<env>-<profile>``.
-
-    Mirrors ``training_constructs.pipeline_definition.pipeline_name`` (which ``btk`` may not
-    import): every character SageMaker forbids becomes ``-``, runs of ``-`` collapse (tested).
-    """
-    name = re.sub(r"[^a-zA-Z0-9-]", "-", f"btk-{environment}-{profile}")
-    return re.sub(r"-{2,}", "-", name).strip("-")
 
 
 @dataclass

@@ -39,9 +39,10 @@ from btk.hardware import get_instance_type
 from btk.hyperparameters import from_hyperparameters
 from btk.knobs import TrainingKnobs, knobs_from_hyperparameters
 from btk.metrics import METRICS_BY_KEY
+from btk.naming import TAG_PROFILE
 from btk.profile import ModelArchitecture
 from btk.report.classify import classify_failure, first_line
-from btk.report.collect import TAG_PROFILE, Collection, JobOrigin
+from btk.report.collect import Collection, JobOrigin
 from btk.report.predict import PredictionUnavailableError, Predictor
 from btk.report.schema import (
     CAPACITY_KINDS,
