@@ -26,12 +26,6 @@ from btk.errors import BtkError, one_line
 
 #: Context keys that override a field of the selected environment (values are strings).
 OVERRIDABLE = ("account", "region", "availability_zone")
-#: Feature flags set here (not only in cdk.json) so in-process test synths match ``cdk synth``.
-FEATURE_FLAGS: dict[str, Any] = {
-    # Access-log delivery through a bucket policy instead of the LogDeliveryWrite ACL.
-    "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
-    "aws:cdk:version-reporting": False,
-}
 #: Exit code for a configuration error, as for every ``btk`` user error.
 CONFIG_ERROR_EXIT = 2
 
@@ -100,7 +94,7 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
 
     from aws_cdk import App
 
-    app = App(outdir=outdir, analytics_reporting=False, context=dict(FEATURE_FLAGS))
+    app = App(outdir=outdir, analytics_reporting=False)
 
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag

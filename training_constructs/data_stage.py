@@ -28,6 +28,8 @@ NONCURRENT_VERSION_DAYS = 30
 ABORT_MULTIPART_DAYS = 7
 #: Server access logs are kept this long.
 ACCESS_LOG_DAYS = 365
+#: Feature flag: server access logs delivered through a bucket policy instead of an ACL.
+ACCESS_LOGS_BY_POLICY = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
 #: Principal ARN pattern of FSx's per-file-system service-linked role that reads S3.
 FSX_S3_SERVICE_ROLE = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*"
 
@@ -128,6 +130,9 @@ class DataStage(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, props: DataStageProps) -> None:
         super().__init__(scope, construct_id)
+        # Access logs are delivered through a bucket policy, not the LogDeliveryWrite ACL (ACLs
+        # stay disabled on every bucket); set here so the construct does not rely on cdk.json.
+        self.node.set_context(ACCESS_LOGS_BY_POLICY, True)
         config = props.config
         self.config = config
         self.key = props.key

@@ -1,0 +1,131 @@
+"""Environment selection and validation: every bad value is one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import environments
+from app import load_environment, validate_environment
+from btk.errors import BtkError
+from training_constructs.data_stage import validate_fsx_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _raise_message(context: dict[str, Any]) -> str:
+    with pytest.raises(BtkError) as caught:
+        load_environment(context)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def _prod_with(**data_stage: Any) -> dict[str, Any]:
+    values = environments.PROD.model_dump()
+    values["data_stage"] = {**values["data_stage"], **data_stage}
+    return values
+
+
+def test_default_environment_is_dev() -> None:
+    assert environments.DEFAULT_ENVIRONMENT == "dev"
+    assert load_environment({}).name == "dev"
+    assert load_environment({"env": None}).name == "dev"
+
+
+@pytest.mark.parametrize("name", ["dev", "staging", "prod"])
+def test_each_environment_loads_unchanged(name: str) -> None:
+    assert load_environment({"env": name}) == getattr(environments, name.upper())
+
+
+def test_unknown_environment() -> None:
+    message = _raise_message({"env": "stagin"})
+    assert message.startswith("unknown environment 'stagin'")
+    assert "staging" in message
+
+
+def test_capacity_1300_names_the_field() -> None:
+    with pytest.raises(BtkError) as caught:
+        validate_environment("prod", _prod_with(fsx_storage_capacity_gib=1300))
+    message = str(caught.value)
+    assert message.startswith("environment prod: data_stage.fsx_storage_capacity_gib: 1300 GiB")
+    assert "1200 or a multiple of 2400" in message
+    assert "\n" not in message
+
+
+def test_throughput_300_names_the_field() -> None:
+    with pytest.raises(BtkError) as caught:
+        validate_environment("prod", _prod_with(fsx_throughput_per_tib=300))
+    message = str(caught.value)
+    assert message.startswith("environment prod: data_stage.fsx_throughput_per_tib: 300")
+    assert "125, 250, 500, 1000" in message
+
+
+def test_availability_zone_outside_region() -> None:
+    message = _raise_message({"env": "staging", "availability_zone": "us-west-2a"})
+    assert message.startswith("environment staging:")
+    assert "availability_zone 'us-west-2a' is not in region us-east-1" in message
+
+
+def test_region_override_needs_matching_zone() -> None:
+    message = _raise_message({"env": "dev", "region": "eu-west-1"})
+    assert "not in region eu-west-1" in message
+    config = load_environment({"env": "dev", "region": "eu-west-1", "availability_zone": "eu-west-1b"})
+    assert (config.region, config.availability_zone) == ("eu-west-1", "eu-west-1b")
+
+
+def test_unknown_profile() -> None:
+    message = _raise_message({"env": "dev", "profiles": "llama3.2-1b,llama9-70b"})
+    assert message.startswith("environment dev: profiles: unknown profile 'llama9-70b'")
+
+
+def test_account_override() -> None:
+    assert load_environment({"env": "prod", "account": "210987654321"}).account == "210987654321"
+    message = _raise_message({"env": "prod", "account": "12345"})
+    assert message == "environment prod: account: must be a 12-digit AWS account id"
+
+
+@pytest.mark.parametrize(("capacity", "throughput"), [(1200, 125), (2400, 250), (4800, 1000), (24000, 500)])
+def test_fsx_settings_accepted(capacity: int, throughput: int) -> None:
+    validate_fsx_settings(capacity, throughput)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "throughput", "field"),
+    [(1300, 250, "fsx_storage_capacity_gib"), (3600, 250, "fsx_storage_capacity_gib"),
+     (0, 250, "fsx_storage_capacity_gib"), (1200, 300, "fsx_throughput_per_tib"),
+     (2400, 200, "fsx_throughput_per_tib")],
+)
+def test_fsx_settings_rejected(capacity: int, throughput: int, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^data_stage\.{field}: "):
+        validate_fsx_settings(capacity, throughput)
+
+
+def _run_app(context: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(context)}
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [
+        ({"env": "nope"}, "btk: error: unknown environment 'nope'"),
+        ({"env": "prod", "availability_zone": "eu-west-1a"}, "btk: error: environment prod: "),
+        ({"env": "dev", "profiles": "gpt-x"}, "btk: error: environment dev: profiles: unknown profile 'gpt-x'"),
+    ],
+)
+def test_app_exits_2_with_one_line(context: dict[str, Any], expected: str) -> None:
+    """app.py the way the CDK CLI runs it: exit 2, one line on stderr, nothing built."""
+    result = _run_app(context)
+    assert result.returncode == 2
+    assert result.stderr.startswith(expected)
+    assert result.stderr.count("\n") == 1
+    assert result.stdout == ""

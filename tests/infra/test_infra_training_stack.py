@@ -1,0 +1,363 @@
+"""TrainingStack templates: encryption, network, FSx, removal policies, role, outputs, nag."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk import App, Stack
+from aws_cdk import aws_s3 as s3
+from aws_cdk.assertions import Template
+
+import environments
+from btk.environment import DataStageConfig
+from training_constructs.nag import apply_nag
+
+from conftest import REPO, Synth  # type: ignore[import-not-found]
+
+ENVS = {env.name: env for env in environments.ENVIRONMENTS}
+
+
+def _template(synth: Synth) -> Template:
+    return Template.from_json(synth.template)
+
+
+def _logical_id(synth: Synth, construct: Any) -> str:
+    return str(synth.stack.get_logical_id(construct.node.default_child))
+
+
+# -- encryption -----------------------------------------------------------------------------
+
+
+def test_key_rotation_and_bucket_encryption(synth: Synth) -> None:
+    template = _template(synth)
+    template.resource_count_is("AWS::KMS::Key", 1)
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    key_id = _logical_id(synth, synth.stack.key)
+    buckets = synth.resources("AWS::S3::Bucket")
+    assert len(buckets) == 4
+    log_bucket = _logical_id(synth, synth.stack.data_stage.access_log_bucket)
+    for logical_id, bucket in buckets.items():
+        props = bucket["Properties"]
+        sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"]
+        if logical_id == log_bucket:
+            assert sse == {"SSEAlgorithm": "AES256"}
+        else:
+            assert sse == {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": {"Fn::GetAtt": [key_id, "Arn"]}}
+            assert props["LoggingConfiguration"]["DestinationBucketName"] == {"Ref": log_bucket}
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+        }
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+        rules = {rule["Id"]: rule for rule in props["LifecycleConfiguration"]["Rules"]}
+        assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+        assert rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30}
+
+
+def test_every_bucket_is_ssl_only(synth: Synth) -> None:
+    policies = synth.resources("AWS::S3::BucketPolicy")
+    protected = {policy["Properties"]["Bucket"]["Ref"] for policy in policies.values()
+                 if any(statement["Effect"] == "Deny"
+                        and statement.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+                        for statement in policy["Properties"]["PolicyDocument"]["Statement"])}
+    assert protected == set(synth.resources("AWS::S3::Bucket"))
+
+
+def test_flow_logs_to_encrypted_log_group(synth: Synth) -> None:
+    template = _template(synth)
+    key_id = _logical_id(synth, synth.stack.key)
+    template.has_resource_properties("AWS::Logs::LogGroup", {
+        "KmsKeyId": {"Fn::GetAtt": [key_id, "Arn"]},
+        "RetentionInDays": ENVS[synth.env_name].log_retention_days,
+    })
+    template.has_resource_properties("AWS::EC2::FlowLog", {"TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"})
+
+
+# -- network --------------------------------------------------------------------------------
+
+
+def test_isolated_subnet_in_configured_zone(synth: Synth) -> None:
+    config = ENVS[synth.env_name]
+    template = _template(synth)
+    template.has_resource_properties("AWS::EC2::VPC", {"CidrBlock": config.vpc_cidr})
+    _, subnet = synth.one("AWS::EC2::Subnet")
+    assert subnet["Properties"]["AvailabilityZone"] == config.availability_zone
+    assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
+    for forbidden in ("AWS::EC2::InternetGateway", "AWS::EC2::NatGateway"):
+        template.resource_count_is(forbidden, 0)
+    manifest = json.loads((synth.outdir / "manifest.json").read_text())
+    assert "missing" not in manifest, "synth needed a context lookup (AWS access)"
+
+
+def test_endpoints(synth: Synth) -> None:
+    endpoints = synth.resources("AWS::EC2::VPCEndpoint").values()
+    services = {json.dumps(e["Properties"]["ServiceName"]): e["Properties"].get("VpcEndpointType") for e in endpoints}
+    names = " ".join(services)
+    for service in ("ecr.api", "ecr.dkr", ".logs", ".sts", "sagemaker.api", ".monitoring"):
+        assert service in names, service
+    assert sum(kind == "Gateway" and ".s3" in name for name, kind in services.items()) == 1
+    assert sum(kind == "Interface" for kind in services.values()) == 6
+    for endpoint in endpoints:
+        if endpoint["Properties"]["VpcEndpointType"] == "Interface":
+            assert endpoint["Properties"]["PrivateDnsEnabled"] is True
+
+
+def _rules(synth: Synth, resource_type: str, group_id: str, peer_key: str) -> set[tuple[str, Any, Any]]:
+    return {
+        (r["Properties"]["IpProtocol"], r["Properties"].get("FromPort"), r["Properties"].get("ToPort"))
+        for r in synth.resources(resource_type).values()
+        if r["Properties"]["GroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
+        and r["Properties"].get(peer_key) == {"Fn::GetAtt": [group_id, "GroupId"]}
+    }
+
+
+def test_efa_ready_security_group(synth: Synth) -> None:
+    group_id = _logical_id(synth, synth.stack.network.security_group)
+    ingress = _rules(synth, "AWS::EC2::SecurityGroupIngress", group_id, "SourceSecurityGroupId")
+    egress = _rules(synth, "AWS::EC2::SecurityGroupEgress", group_id, "DestinationSecurityGroupId")
+    for rules in (ingress, egress):
+        assert ("-1", None, None) in rules  # all traffic to and from itself (EFA)
+        assert ("tcp", 988, 988) in rules
+        assert ("tcp", 1018, 1023) in rules
+    group = synth.template["Resources"][group_id]["Properties"]
+    assert group["SecurityGroupEgress"] == [
+        {"CidrIp": "0.0.0.0/0", "Description": group["SecurityGroupEgress"][0]["Description"],
+         "FromPort": 443, "IpProtocol": "tcp", "ToPort": 443}
+    ]
+    # Nothing but the training group itself may reach the training group.
+    for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values():
+        if rule["Properties"]["GroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}:
+            assert rule["Properties"]["SourceSecurityGroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
+    endpoint_group = _logical_id(synth, synth.stack.network.endpoint_security_group)
+    _template(synth).has_resource_properties("AWS::EC2::SecurityGroupIngress", {
+        "GroupId": {"Fn::GetAtt": [endpoint_group, "GroupId"]},
+        "SourceSecurityGroupId": {"Fn::GetAtt": [group_id, "GroupId"]},
+        "FromPort": 443, "ToPort": 443, "IpProtocol": "tcp",
+    })
+
+
+# -- data stage -----------------------------------------------------------------------------
+
+
+def test_fsx_file_system_and_association(synth: Synth) -> None:
+    config = ENVS[synth.env_name]
+    template = _template(synth)
+    if config.data_stage.mode == "s3":
+        template.resource_count_is("AWS::FSx::FileSystem", 0)
+        template.resource_count_is("AWS::FSx::DataRepositoryAssociation", 0)
+        assert "FileSystemId" not in synth.template["Outputs"]
+        return
+    fs_id, file_system = synth.one("AWS::FSx::FileSystem")
+    props = file_system["Properties"]
+    assert props["StorageCapacity"] == config.data_stage.fsx_storage_capacity_gib
+    assert props["FileSystemTypeVersion"] == "2.15"
+    assert props["KmsKeyId"] == {"Ref": _logical_id(synth, synth.stack.key)}
+    assert props["LustreConfiguration"] == {
+        "DeploymentType": "PERSISTENT_2",
+        "PerUnitStorageThroughput": config.data_stage.fsx_throughput_per_tib,
+        "DataCompressionType": "LZ4",
+        "MetadataConfiguration": {"Mode": "AUTOMATIC"},
+    }
+    assert props["SubnetIds"] == [{"Ref": _logical_id(synth, synth.stack.network.training_subnet)}]
+    group_id = _logical_id(synth, synth.stack.network.security_group)
+    assert props["SecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
+    datasets = _logical_id(synth, synth.stack.data_stage.datasets_bucket)
+    template.has_resource_properties("AWS::FSx::DataRepositoryAssociation", {
+        "FileSystemId": {"Ref": fs_id},
+        "FileSystemPath": config.data_stage.fsx_directory,
+        "DataRepositoryPath": {"Fn::Join": ["", ["s3://", {"Ref": datasets}, "/" + config.data_stage.datasets_prefix]]},
+        "BatchImportMetaDataOnCreate": True,
+        "S3": {"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+               "AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
+    })
+    outputs = synth.template["Outputs"]
+    assert outputs["FileSystemId"]["Value"] == {"Ref": fs_id}
+    assert outputs["FileSystemMountName"]["Value"] == {"Fn::GetAtt": [fs_id, "LustreMountName"]}
+    assert outputs["FileSystemDirectoryPath"]["Value"] == {
+        "Fn::Join": ["", ["/", {"Fn::GetAtt": [fs_id, "LustreMountName"]}, config.data_stage.fsx_directory]]
+    }
+
+
+def test_data_stage_revalidates_fsx_size() -> None:
+    from aws_cdk import aws_ec2 as ec2
+    from aws_cdk import aws_kms as kms
+
+    from training_constructs.data_stage import DataStage, DataStageProps
+
+    stack = Stack(App(), "Probe")
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=1)
+    group = ec2.SecurityGroup(stack, "Group", vpc=vpc)
+    bad = DataStageConfig.model_construct(mode="fsx", fsx_storage_capacity_gib=1300, fsx_throughput_per_tib=250,
+                                          fsx_directory="/datasets", datasets_prefix="datasets/")
+    props = DataStageProps(config=bad, key=kms.Key(stack, "Key"), vpc=vpc, subnet=vpc.private_subnets[0],
+                           security_group=group)
+    with pytest.raises(ValueError, match=r"^Probe/DataStage: data_stage\.fsx_storage_capacity_gib: 1300 GiB"):
+        DataStage(stack, "DataStage", props=props)
+
+
+@pytest.mark.parametrize("env_name", ["dev", "staging", "prod"])
+def test_removal_policies(env_name: str, synths: dict[str, Synth]) -> None:
+    synth = synths[env_name]
+    expected = "Retain" if ENVS[env_name].retain_data else "Delete"
+    kept = ("AWS::S3::Bucket", "AWS::KMS::Key", "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation",
+            "AWS::Logs::LogGroup")
+    checked = 0
+    for resource in synth.template["Resources"].values():
+        if resource["Type"] in kept:
+            assert resource.get("DeletionPolicy") == expected, resource["Type"]
+            assert resource.get("UpdateReplacePolicy") == expected, resource["Type"]
+            checked += 1
+    assert checked >= (8 if ENVS[env_name].data_stage.mode == "fsx" else 6)
+    assert (env_name == "prod") == (expected == "Retain")
+
+
+# -- role -----------------------------------------------------------------------------------
+
+STAR_ACTIONS = {
+    "ecr:GetAuthorizationToken", "cloudwatch:PutMetricData", "fsx:DescribeFileSystems",
+    "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+}
+
+
+def _role_statements(synth: Synth) -> list[dict[str, Any]]:
+    role_id = _logical_id(synth, synth.stack.execution_role.role)
+    statements = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            statements += policy["Properties"]["PolicyDocument"]["Statement"]
+    assert statements
+    return statements
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_role_trust_and_no_unexpected_wildcards(synth: Synth) -> None:
+    role_id = _logical_id(synth, synth.stack.execution_role.role)
+    trust = synth.template["Resources"][role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert [s["Principal"] for s in trust] == [{"Service": "sagemaker.amazonaws.com"}]
+    assert trust[0]["Condition"] == {"StringEquals": {"aws:SourceAccount": ENVS[synth.env_name].account}}
+    assert not synth.template["Resources"][role_id]["Properties"].get("ManagedPolicyArns")
+    for statement in _role_statements(synth):
+        actions = _as_list(statement["Action"])
+        assert statement["Effect"] == "Allow"
+        assert all("*" not in action for action in actions), actions
+        if "*" in _as_list(statement["Resource"]):
+            assert set(actions) <= STAR_ACTIONS, actions
+            assert statement["Resource"] == "*"
+
+
+def test_role_scopes(synth: Synth) -> None:
+    statements = _role_statements(synth)
+    by_action: dict[str, list[dict[str, Any]]] = {}
+    for statement in statements:
+        for action in _as_list(statement["Action"]):
+            by_action.setdefault(action, []).append(statement)
+    datasets = _logical_id(synth, synth.stack.data_stage.datasets_bucket)
+    get_resources = [json.dumps(r) for s in by_action["s3:GetObject"] for r in _as_list(s["Resource"])]
+    datasets_objects = [r for r in get_resources if datasets in r]
+    assert datasets_objects and all("/datasets/*" in r for r in datasets_objects)
+    assert not any(datasets in json.dumps(s["Resource"]) for s in by_action["s3:PutObject"])
+    listing = [s for s in by_action["s3:ListBucket"] if datasets in json.dumps(s["Resource"])]
+    assert listing[0]["Condition"] == {"StringLike": {"s3:prefix": ["datasets/*"]}}
+    assert by_action["cloudwatch:PutMetricData"][0]["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}}
+    for action in ("ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"):
+        for statement in by_action[action]:
+            assert "ec2:Vpc" in statement["Condition"]["StringEquals"]
+    eni = [s for s in by_action["ec2:CreateNetworkInterface"] if "network-interface" in json.dumps(s["Resource"])]
+    assert set(eni[0]["Condition"]["StringEquals"]) == {"ec2:Subnet", "ec2:Vpc"}
+    assert by_action["ec2:CreateNetworkInterfacePermission"][0]["Condition"]["StringEquals"][
+        "ec2:AuthorizedService"] == "sagemaker.amazonaws.com"
+    logs = json.dumps(by_action["logs:PutLogEvents"][0]["Resource"])
+    assert "/aws/sagemaker/TrainingJobs:*" in logs and "/aws/sagemaker/ProcessingJobs:*" in logs
+    key_arn = {"Fn::GetAtt": [_logical_id(synth, synth.stack.key), "Arn"]}
+    assert all(s["Resource"] == key_arn for s in by_action["kms:Decrypt"])
+    assert ("fsx:DescribeFileSystems" in by_action) == (ENVS[synth.env_name].data_stage.mode == "fsx")
+    assert by_action["ecr:BatchGetImage"]
+
+
+def test_outputs(synth: Synth) -> None:
+    outputs = synth.template["Outputs"]
+    for name in ("DatasetsBucketName", "CheckpointsBucketName", "ArtifactsBucketName", "ImageUri",
+                 "ExecutionRoleArn", "TrainingSubnetId", "TrainingSecurityGroupId"):
+        assert name in outputs, name
+    assert outputs["ExecutionRoleArn"]["Value"] == {
+        "Fn::GetAtt": [_logical_id(synth, synth.stack.execution_role.role), "Arn"]}
+    assert "container-assets" in json.dumps(outputs["ImageUri"]["Value"])
+
+
+def test_stack_identity_and_tags(synth: Synth) -> None:
+    config = ENVS[synth.env_name]
+    assert synth.stack.stack_name == f"TrainingStack-{config.name}"
+    assert synth.stack.node.id == "TrainingStack"
+    _, vpc = synth.one("AWS::EC2::VPC")
+    tags = {tag["Key"]: tag["Value"] for tag in vpc["Properties"]["Tags"]}
+    assert {k: tags[k] for k in config.tags} == config.tags
+    assert "AWS::CDK::Metadata" not in {r["Type"] for r in synth.template["Resources"].values()}
+
+
+def test_image_asset_is_linux_amd64(synth: Synth) -> None:
+    assets = json.loads((synth.outdir / f"{synth.stack.artifact_id}.assets.json").read_text())
+    images = list(assets["dockerImages"].values())
+    assert len(images) == 1
+    assert images[0]["source"]["platform"] == "linux/amd64"
+    assert images[0]["source"]["directory"].startswith("asset.")
+
+
+# -- cdk-nag --------------------------------------------------------------------------------
+
+
+def test_no_unacknowledged_nag_findings(synth: Synth) -> None:
+    from cdk_nag import AwsSolutionsChecks
+
+    report = AwsSolutionsChecks().validate_scope(synth.app)
+    assert report.success, [v.rule_name for v in report.violations]
+    validation = synth.outdir / "validation-report.json"
+    if validation.exists():
+        for plugin in json.loads(validation.read_text())["pluginReports"]:
+            assert plugin["conclusion"] == "success", plugin
+
+
+def test_nag_fails_synth_on_a_finding() -> None:
+    """The control: the same wiring rejects an unencrypted, non-SSL bucket."""
+    app = App(outdir=tempfile.mkdtemp())
+    s3.Bucket(Stack(app, "Bad"), "Bucket")
+    apply_nag(app)
+    with pytest.raises(RuntimeError, match="AwsSolutions-S10"):
+        app.synth()
+
+
+def test_acknowledgement_needs_a_reason() -> None:
+    from training_constructs.nag import acknowledge
+
+    with pytest.raises(ValueError, match="concrete reason"):
+        acknowledge(Stack(App(), "S"), "AwsSolutions-IAM5[Resource::*]", "needed")
+
+
+# -- determinism ----------------------------------------------------------------------------
+
+
+def _synth_process(outdir: Path, env_name: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"env": env_name})}
+    return subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_two_synths_are_byte_identical(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for outdir in (first, second):
+        result = _synth_process(outdir, "staging")
+        assert result.returncode == 0, result.stderr[-2000:]
+    for name in ("TrainingStack.template.json", "TrainingStack.assets.json"):
+        a, b = (first / name).read_text().splitlines(), (second / name).read_text().splitlines()
+        differing = [(x, y) for x, y in zip(a, b, strict=False) if x != y][:3]
+        assert (first / name).read_bytes() == (second / name).read_bytes(), f"{name}: {differing}"
