@@ -1,0 +1,342 @@
+"""TrainingPipelines + TrainingObservability synthesized in a test stack (cdk-nag on)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import botocore.session
+import pipeline_fixtures as fx
+import pytest
+from botocore.validate import validate_parameters
+
+import environments
+from btk.catalog import get_profile
+from btk.hardware import get_instance_type
+from btk.hyperparameters import from_hyperparameters
+from btk.knobs import knobs_to_hyperparameters
+from btk.metrics import METRICS, format_metric_line
+from btk.planner import plan_profile
+from training_constructs.pipeline_definition import (
+    NCCL_ENVIRONMENT,
+    PARAM_INSTANCE_COUNT,
+    PARAM_MAX_RUNTIME_SECONDS,
+    PARAM_MAX_WAIT_SECONDS,
+    PARAM_TOTAL_TOKENS,
+    PARAM_TRAINING_PLAN_ARN,
+    STEP_CHECK_PLAN,
+    STEP_TOKENIZE,
+    STEP_TRAIN,
+    STEP_TRAIN_ON_PLAN,
+)
+
+PLAN_ARN = f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-plan/btk-test-plan"
+
+
+@pytest.fixture(scope="module")
+def staging() -> dict[str, Any]:
+    return fx.synth(environments.STAGING)
+
+
+@pytest.fixture(scope="module")
+def dev_prepared() -> dict[str, Any]:
+    return fx.synth(environments.DEV, data_preparation=True, training_plan_arn=PLAN_ARN)
+
+
+def _service_model() -> Any:
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
+def _resources(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [r for r in template["Resources"].values() if r["Type"] == kind]
+
+
+# -- one pipeline per profile, hyperparameters from the planner ----------------------------
+
+
+def test_one_pipeline_per_profile_named_for_env_and_profile(staging: dict[str, Any]) -> None:
+    names = sorted(fx.pipelines(staging))
+    assert names == ["btk-staging-llama3-1-8b", "btk-staging-llama3-2-1b", "btk-staging-llama3-2-3b"]
+
+
+@pytest.mark.parametrize("template_name", ["staging", "dev_prepared"])
+def test_hyperparameters_are_the_planners_knobs(template_name: str, request: pytest.FixtureRequest) -> None:
+    template = request.getfixturevalue(template_name)
+    env = {"staging": environments.STAGING, "dev_prepared": environments.DEV}[template_name]
+    instance = get_instance_type(env.instance_type)
+    for profile_name in env.profiles:
+        definition = fx.pipelines(template)[f"btk-{env.name}-{profile_name.replace('.', '-')}"]
+        for step_name in (STEP_TRAIN, STEP_TRAIN_ON_PLAN):
+            hyperparameters = fx.all_steps(definition)[step_name]["Arguments"]["HyperParameters"]
+            plan = plan_profile(get_profile(profile_name), instance, env.instance_count)
+            expected = knobs_to_hyperparameters(plan.knobs)
+            assert {key: hyperparameters[key] for key in expected} == expected
+            values = fx.substitute(hyperparameters, fx.sample_parameters(definition))
+            parsed = from_hyperparameters(values)
+            assert parsed.knobs == plan.knobs
+            assert parsed.architecture == get_profile(profile_name).architecture
+            assert parsed.job.profile == profile_name
+
+
+def test_total_tokens_parameter_feeds_the_hyperparameter(staging: dict[str, Any]) -> None:
+    definition = fx.pipelines(staging)["btk-staging-llama3-1-8b"]
+    hyperparameters = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["HyperParameters"]
+    assert hyperparameters["train.total_tokens"] == {"Get": f"Parameters.{PARAM_TOTAL_TOKENS}"}
+    default = fx.sample_parameters(definition)[PARAM_TOTAL_TOKENS]
+    assert default == str(get_profile("llama3.1-8b").training.total_tokens or "")
+    parsed = from_hyperparameters(fx.substitute(hyperparameters, fx.sample_parameters(definition, TotalTokens="5000")))
+    assert parsed.training.total_tokens == 5000
+
+
+# -- channel, plan, checkpoints, KMS, VPC, metrics -----------------------------------------
+
+
+def test_fsx_channel_reads_the_data_stage_read_only(staging: dict[str, Any]) -> None:
+    for definition in fx.pipelines(staging).values():
+        channels = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["InputDataConfig"]
+        assert [c["ChannelName"] for c in channels] == ["train"]
+        source = channels[0]["DataSource"]["FileSystemDataSource"]
+        assert source == {
+            "FileSystemId": fx.FAKE_FILE_SYSTEM_ID,
+            "FileSystemAccessMode": "ro",
+            "FileSystemType": "FSxLustre",
+            "DirectoryPath": f"/{fx.FAKE_MOUNT_NAME}{environments.STAGING.data_stage.fsx_directory}",
+        }
+
+
+def test_s3_mode_streams_the_datasets_prefix_with_fastfile(dev_prepared: dict[str, Any]) -> None:
+    definition = fx.pipelines(dev_prepared)["btk-dev-llama3-2-1b"]
+    arguments = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]
+    channel = arguments["InputDataConfig"][0]
+    assert channel["InputMode"] == "FastFile"
+    uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+    assert re.fullmatch(r"s3://datasets[a-z0-9]*-bucket/datasets/", uri), uri
+
+
+def test_training_plan_arn_is_wired_to_the_parameter(staging: dict[str, Any], dev_prepared: dict[str, Any]) -> None:
+    for template, default in ((staging, ""), (dev_prepared, PLAN_ARN)):
+        for definition in fx.pipelines(template).values():
+            steps = fx.all_steps(definition)
+            assert fx.sample_parameters(definition)[PARAM_TRAINING_PLAN_ARN] == default
+            condition = steps[STEP_CHECK_PLAN]["Arguments"]["Conditions"]
+            assert condition == [
+                {"Type": "Equals", "LeftValue": {"Get": f"Parameters.{PARAM_TRAINING_PLAN_ARN}"}, "RightValue": ""}
+            ]
+            on_plan = steps[STEP_TRAIN_ON_PLAN]["Arguments"]["ResourceConfig"]
+            assert on_plan["TrainingPlanArn"] == {"Get": f"Parameters.{PARAM_TRAINING_PLAN_ARN}"}
+            assert "TrainingPlanArn" not in steps[STEP_TRAIN]["Arguments"]["ResourceConfig"]
+            assert steps[STEP_TRAIN_ON_PLAN]["Arguments"]["EnableManagedSpotTraining"] is False
+
+
+def test_instance_count_and_runtime_are_parameters(staging: dict[str, Any]) -> None:
+    env = environments.STAGING
+    for definition in fx.pipelines(staging).values():
+        defaults = fx.sample_parameters(definition)
+        assert defaults[PARAM_INSTANCE_COUNT] == env.instance_count
+        assert defaults[PARAM_MAX_RUNTIME_SECONDS] == env.max_runtime_hours * 3600
+        arguments = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]
+        assert arguments["ResourceConfig"]["InstanceType"] == env.instance_type
+        assert arguments["ResourceConfig"]["InstanceCount"] == {"Get": f"Parameters.{PARAM_INSTANCE_COUNT}"}
+        runtime = {"Get": f"Parameters.{PARAM_MAX_RUNTIME_SECONDS}"}
+        assert arguments["StoppingCondition"] == {"MaxRuntimeInSeconds": runtime}
+
+
+def test_checkpoints_kms_vpc_encryption_environment_and_tags(staging: dict[str, Any]) -> None:
+    for name, definition in fx.pipelines(staging).items():
+        arguments = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]
+        profile = name.removeprefix("btk-staging-")
+        checkpoint = fx.substitute(arguments["CheckpointConfig"], {}, execution_id="exec42")
+        assert checkpoint["LocalPath"] == "/opt/ml/checkpoints"
+        assert re.fullmatch(r"s3://checkpoints[a-z0-9]*-bucket/checkpoints/[a-z0-9.\-]+/exec42", checkpoint["S3Uri"])
+        assert arguments["OutputDataConfig"]["KmsKeyId"] == fx.FAKE_KEY_ARN
+        # P6-B200 has local NVMe and no EBS volume: SageMaker rejects a volume key there.
+        assert "VolumeKmsKeyId" not in arguments["ResourceConfig"]
+        assert arguments["VpcConfig"] == {"SecurityGroupIds": [fx.FAKE_GROUP], "Subnets": [fx.FAKE_SUBNET]}
+        assert arguments["EnableInterContainerTrafficEncryption"] is environments.STAGING.inter_container_encryption
+        assert arguments["EnableManagedSpotTraining"] is False
+        assert arguments["Environment"] == NCCL_ENVIRONMENT
+        tags = {tag["Key"]: tag["Value"] for tag in arguments["Tags"]}
+        assert tags["btk:environment"] == "staging"
+        assert tags["btk:instance-type"] == environments.STAGING.instance_type
+        assert tags["btk:profile"].replace(".", "-") == profile
+        assert arguments["TrainingJobName"] == name
+        assert arguments["AlgorithmSpecification"]["TrainingImage"] == (
+            f"{fx.ACCOUNT}.dkr.ecr.{fx.REGION}.amazonaws.com/btk-training:latest"
+        )
+        assert "ContainerEntrypoint" not in arguments["AlgorithmSpecification"]
+
+
+def test_spot_env_sets_max_wait_parameter(dev_prepared: dict[str, Any]) -> None:
+    for definition in fx.pipelines(dev_prepared).values():
+        arguments = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]
+        assert arguments["EnableManagedSpotTraining"] is True
+        assert arguments["StoppingCondition"]["MaxWaitTimeInSeconds"] == {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
+        defaults = fx.sample_parameters(definition)
+        assert defaults[PARAM_MAX_WAIT_SECONDS] >= defaults[PARAM_MAX_RUNTIME_SECONDS]
+
+
+def test_metric_definitions_parse_the_trainers_lines(staging: dict[str, Any]) -> None:
+    line = format_metric_line(
+        step=120, loss=2.5, tokens_per_second_per_gpu=9876.5, tflops_per_gpu=612.3, mfu=0.4321, peak_memory_gib=88.5
+    )
+    expected = {"step": 120, "loss": 2.5, "tokens_per_second_per_gpu": 9876.5, "tflops_per_gpu": 612.3,
+                "mfu": 0.4321, "peak_memory_gib": 88.5}
+    for definition in fx.pipelines(staging).values():
+        definitions = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]
+        assert [d["Name"] for d in definitions] == [m.sagemaker_name for m in METRICS]
+        by_name = {m.sagemaker_name: m.key for m in METRICS}
+        for item in definitions:
+            match = re.search(item["Regex"], line)
+            assert match is not None, item
+            assert float(match.group(1)) == pytest.approx(expected[by_name[item["Name"]]])
+            assert re.search(item["Regex"], "step 120 loss 2.5") is None
+
+
+def test_tokenize_step_runs_before_training(dev_prepared: dict[str, Any]) -> None:
+    definition = fx.pipelines(dev_prepared)["btk-dev-llama3-2-3b"]
+    steps = fx.all_steps(definition)
+    tokenize = steps[STEP_TOKENIZE]["Arguments"]
+    assert tokenize["AppSpecification"]["ContainerEntrypoint"] == ["btk-tokenize"]
+    assert tokenize["AppSpecification"]["ImageUri"] == (
+        fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["AlgorithmSpecification"]["TrainingImage"]
+    )
+    output = tokenize["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
+    train_uri = steps[STEP_TRAIN]["Arguments"]["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
+    assert output == train_uri
+    assert steps[STEP_CHECK_PLAN]["DependsOn"] == [STEP_TOKENIZE]
+
+
+# -- botocore validation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template_name", ["staging", "dev_prepared"])
+def test_job_arguments_validate_against_botocore(template_name: str, request: pytest.FixtureRequest) -> None:
+    template = request.getfixturevalue(template_name)
+    model = _service_model()
+    operations = {"Training": "CreateTrainingJob", "Processing": "CreateProcessingJob"}
+    checked = 0
+    for definition in fx.pipelines(template).values():
+        # Each branch of the condition runs with the plan value that selects it.
+        for plan_arn, skipped in (("", STEP_TRAIN_ON_PLAN), (PLAN_ARN, STEP_TRAIN)):
+            parameters = fx.sample_parameters(definition, TrainingPlanArn=plan_arn, TotalTokens="1000000")
+            for step in fx.all_steps(definition).values():
+                if step["Type"] not in operations or step["Name"] == skipped:
+                    continue
+                arguments = fx.substitute(step["Arguments"], parameters)
+                shape = model.operation_model(operations[step["Type"]]).input_shape
+                validate_parameters(arguments, shape)  # raises ParamValidationError on any mismatch
+                checked += 1
+    assert checked >= 4
+
+
+def test_empty_plan_arn_is_invalid_so_on_demand_needs_its_own_step(staging: dict[str, Any]) -> None:
+    definition = next(iter(fx.pipelines(staging).values()))
+    step = fx.all_steps(definition)[STEP_TRAIN_ON_PLAN]
+    arguments = fx.substitute(step["Arguments"], fx.sample_parameters(definition, TrainingPlanArn=""))
+    with pytest.raises(Exception, match="TrainingPlanArn"):
+        validate_parameters(arguments, _service_model().operation_model("CreateTrainingJob").input_shape)
+
+
+def test_botocore_validation_catches_a_broken_argument(staging: dict[str, Any]) -> None:
+    definition = next(iter(fx.pipelines(staging).values()))
+    arguments = fx.substitute(fx.all_steps(definition)[STEP_TRAIN]["Arguments"], fx.sample_parameters(definition))
+    arguments["ResourceConfig"]["InstanceCount"] = "two"
+    with pytest.raises(Exception, match="InstanceCount"):
+        validate_parameters(arguments, _service_model().operation_model("CreateTrainingJob").input_shape)
+
+
+# -- IAM, observability -----------------------------------------------------------------------
+
+
+def _policy_statements(template: dict[str, Any], role_id_fragment: str) -> list[dict[str, Any]]:
+    statements: list[dict[str, Any]] = []
+    for logical_id, resource in template["Resources"].items():
+        if resource["Type"] == "AWS::IAM::Policy" and role_id_fragment in logical_id:
+            statements.extend(resource["Properties"]["PolicyDocument"]["Statement"])
+    return statements
+
+
+def test_pipeline_role_is_least_privilege(staging: dict[str, Any]) -> None:
+    statements = _policy_statements(staging, "PipelineRole")
+    assert statements
+    for statement in statements:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        assert all("*" not in action for action in actions), statement
+        resources = fx.resolve(staging, statement["Resource"])
+        resources = resources if isinstance(resources, list) else [resources]
+        assert "*" not in resources
+        if "iam:PassRole" in actions:
+            assert resources == [f"arn:aws:iam::{fx.ACCOUNT}:role/{_logical_id(staging, 'ExecutionRole')}"]
+            assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+        if "sagemaker:CreateTrainingJob" in actions:
+            assert resources == [f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-job/btk-staging-*"]
+    pipelines = _resources(staging, "AWS::SageMaker::Pipeline")
+    pipeline_roles = {fx.resolve(staging, p["Properties"]["RoleArn"]) for p in pipelines}
+    assert len(pipeline_roles) == 1
+
+
+def _logical_id(template: dict[str, Any], fragment: str) -> str:
+    matches = [lid for lid, r in template["Resources"].items() if fragment in lid and r["Type"] == "AWS::IAM::Role"]
+    assert len(matches) == 1, matches
+    return matches[0]
+
+
+def test_failure_rules_notify_an_encrypted_topic(staging: dict[str, Any]) -> None:
+    rules = _resources(staging, "AWS::Events::Rule")
+    patterns = {rule["Properties"]["EventPattern"]["detail-type"][0]: rule for rule in rules}
+    pipeline_rule = patterns["SageMaker Model Building Pipeline Execution Status Change"]
+    detail = pipeline_rule["Properties"]["EventPattern"]["detail"]
+    assert detail["currentPipelineExecutionStatus"] == ["Failed"]
+    arns = fx.resolve(staging, detail["pipelineArn"])
+    assert sorted(arns) == sorted(
+        f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:pipeline/{name}" for name in fx.pipelines(staging)
+    )
+    job_detail = patterns["SageMaker Training Job State Change"]["Properties"]["EventPattern"]["detail"]
+    assert job_detail["TrainingJobStatus"] == ["Failed"]
+    assert sorted(p["prefix"] for p in job_detail["TrainingJobName"]) == sorted(fx.pipelines(staging))
+    (topic,) = _resources(staging, "AWS::SNS::Topic")
+    assert "KmsMasterKeyId" in topic["Properties"]
+    (topic_policy,) = _resources(staging, "AWS::SNS::TopicPolicy")
+    statements = topic_policy["Properties"]["PolicyDocument"]["Statement"]
+    assert any(s.get("Principal") == {"Service": "events.amazonaws.com"} and "aws:SourceArn" in str(s)
+               for s in statements)
+    assert any(s["Effect"] == "Deny" and "aws:SecureTransport" in str(s) for s in statements)
+    for rule in rules:
+        assert len(rule["Properties"]["Targets"]) == 2
+
+
+def test_event_log_group_has_environment_retention_and_key(staging: dict[str, Any]) -> None:
+    groups = [g for g in _resources(staging, "AWS::Logs::LogGroup")
+              if g["Properties"].get("LogGroupName") == "/btk/staging/training-events"]
+    assert len(groups) == 1
+    assert groups[0]["Properties"]["RetentionInDays"] == environments.STAGING.log_retention_days
+    assert "KmsKeyId" in groups[0]["Properties"]
+
+
+def test_dashboard_has_metrics_per_profile_and_pipeline_outcomes(staging: dict[str, Any]) -> None:
+    (dashboard,) = _resources(staging, "AWS::CloudWatch::Dashboard")
+    body = str(fx.resolve(staging, dashboard["Properties"]["DashboardBody"]))
+    assert dashboard["Properties"]["DashboardName"] == "btk-staging-training"
+    for name in fx.pipelines(staging):
+        assert f"TrainingJobName={name}" in body
+        assert name in body
+    for metric in ("train:loss", "train:tokens_per_second_per_gpu", "train:mfu", "train:peak_memory_gib"):
+        assert metric in body
+    assert "ExecutionFailed" in body and "ExecutionSucceeded" in body
+    assert "AWS/Sagemaker/ModelBuildingPipeline" in body
+
+
+# -- determinism and growth --------------------------------------------------------------------
+
+
+def test_two_synths_give_identical_definitions(staging: dict[str, Any]) -> None:
+    again = fx.synth(environments.STAGING)
+    assert fx.raw_definitions(again) == fx.raw_definitions(staging)
+    assert str(fx.raw_definitions(again)) == str(fx.raw_definitions(staging))
+
+
+def test_adding_a_profile_adds_a_pipeline() -> None:
+    env = environments.DEV.model_copy(update={"profiles": (*environments.DEV.profiles, "qwen2.5-7b")})
+    template = fx.synth(env)
+    assert len(_resources(template, "AWS::SageMaker::Pipeline")) == len(environments.DEV.profiles) + 1
+    assert "btk-dev-qwen2-5-7b" in fx.pipelines(template)
