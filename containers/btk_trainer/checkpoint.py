@@ -88,7 +88,7 @@ def save(
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state, "trainer": json.dumps(trainer_state)}
-    dcp.save(state, checkpoint_id=str(temporary))
+    dcp.save(state, checkpoint_id=str(temporary))  # type: ignore[attr-defined]
     torch.save(_rng_state(), temporary / f"rng_rank{rank:05d}.pt")
     dist.barrier()
     if local_rank == 0:
@@ -117,7 +117,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer state."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state, "trainer": ""}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rng_file = path / f"rng_rank{dist.get_rank():05d}.pt"
     if rng_file.is_file():

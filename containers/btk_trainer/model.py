@@ -108,7 +108,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.num_groups, dim=1)
             v = v.repeat_interleave(self.num_groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        return projected
 
 
 class MLP(nn.Module):
@@ -121,7 +122,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(arch.ffn_hidden_size, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -136,7 +138,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class DecoderBody(nn.Module):

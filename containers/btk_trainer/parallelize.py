@@ -161,7 +161,7 @@ def selective_policy() -> Any:
 def _sac_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(selective_policy())
+    return create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
 
 
 def apply_activation_checkpointing(model: Decoder, mode: str) -> None:

@@ -187,7 +187,7 @@ def load_pretrained(model: Decoder, directory: Path) -> None:
     """Load a Hugging Face safetensors checkpoint into the (sharded) model; rank 0 reads the files."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full: dict[str, torch.Tensor] = {}
+    full: dict[str, Any] = {}
     if dist.get_rank() == 0:
         with torch.device("meta"):
             reference = Decoder(model.arch)
@@ -343,9 +343,8 @@ def train(config: RunConfig) -> RunResult:
     if config.return_state:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        result.final_state = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        gathered = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        result.final_state = {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
     return result
 
 
@@ -355,7 +354,7 @@ def export_model(model: Decoder, spec: JobHyperparameters, directory: Path) -> N
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
-        export_hf(state, spec.architecture, directory)
+        export_hf({k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, spec.architecture, directory)
     dist.barrier()
 
 

@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from btk_trainer.checkpoint import complete_checkpoints
+from btk_trainer.tokenize import tokenize_to_shards
 from conftest import tiny_llama
 from test_data import WORDS, make_tokenizer, write_jsonl
 
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.profile import TrainingIntent
-from btk_trainer.checkpoint import complete_checkpoints
-from btk_trainer.tokenize import tokenize_to_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

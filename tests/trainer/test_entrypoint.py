@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from btk_trainer.entrypoint import build_launch, main
 
 FIXTURES = Path(__file__).with_name("fixtures")
