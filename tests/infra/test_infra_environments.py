@@ -6,17 +6,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from infra_fixtures import REPO
 
 import environments
 from app import load_environment, validate_environment
 from btk.errors import BtkError
 from training_constructs.data_stage import validate_fsx_settings
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _raise_message(context: dict[str, Any]) -> str:

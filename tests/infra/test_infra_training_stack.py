@@ -14,12 +14,11 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
+from infra_fixtures import REPO, Synth
 
 import environments
 from btk.environment import DataStageConfig
 from training_constructs.nag import apply_nag
-
-from conftest import REPO, Synth  # type: ignore[import-not-found]
 
 ENVS = {env.name: env for env in environments.ENVIRONMENTS}
 
@@ -56,7 +55,8 @@ def test_key_rotation_and_bucket_encryption(synth: Synth) -> None:
         }
         assert props["VersioningConfiguration"] == {"Status": "Enabled"}
         rules = {rule["Id"]: rule for rule in props["LifecycleConfiguration"]["Rules"]}
-        assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+        abort = rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"]
+        assert abort == {"DaysAfterInitiation": 7}
         assert rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30}
 
 
@@ -76,7 +76,9 @@ def test_flow_logs_to_encrypted_log_group(synth: Synth) -> None:
         "KmsKeyId": {"Fn::GetAtt": [key_id, "Arn"]},
         "RetentionInDays": ENVS[synth.env_name].log_retention_days,
     })
-    template.has_resource_properties("AWS::EC2::FlowLog", {"TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"})
+    template.has_resource_properties(
+        "AWS::EC2::FlowLog", {"TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"}
+    )
 
 
 # -- network --------------------------------------------------------------------------------
