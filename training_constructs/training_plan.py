@@ -24,6 +24,7 @@ import jsii
 from aws_cdk import (
     AssetHashType,
     BundlingOptions,
+    CfnElement,
     CustomResource,
     DockerImage,
     Duration,
@@ -131,6 +132,19 @@ def _skip_checkov(*functions: Any) -> None:
         )
 
 
+def _depend_on_policy_only(function: Any, role: iam.Role) -> None:
+    """Keep the function's DependsOn on its role's policy, drop the one on the role.
+
+    The role is already a dependency through ``Fn::GetAtt`` (cfn-lint W3005); the policy must
+    stay, or the function could be invoked before it may call anything.
+    """
+    stack = Stack.of(function)
+    policy = role.node.try_find_child("DefaultPolicy")
+    resource = policy.node.default_child if policy is not None else None
+    if isinstance(resource, CfnElement):
+        function.node.default_child.add_override("DependsOn", [stack.get_logical_id(resource)])
+
+
 class TrainingPlanReservation(Construct):
     """The environment's training plan: none, a verified existing one, or one bought once.
 
@@ -139,7 +153,8 @@ class TrainingPlanReservation(Construct):
         Default: ``env_config.availability_zone``; a different value fails synth.
     :param wait_timeout: how long Create waits for a bought plan to become Scheduled/Active
         (at most the 15-minute Lambda limit less a margin). Default: 10 minutes.
-    :param log_key: KMS key of the handler's log groups. Default: CloudWatch Logs' own encryption.
+    :param log_key: KMS key of the handler's and the provider's log groups (required: logs are
+        encrypted at rest with a customer key; the stack's data key does).
     :param log_retention: retention of the handler's logs. Default: ``env_config.log_retention_days``.
 
     Attributes: ``plan_arn`` (None for on_demand; a token for reserve), ``plan_name`` (the
@@ -152,9 +167,9 @@ class TrainingPlanReservation(Construct):
         construct_id: str,
         *,
         env_config: EnvironmentConfig,
+        log_key: kms.IKey,
         availability_zone: str | None = None,
         wait_timeout: Duration | None = None,
-        log_key: kms.IKey | None = None,
         log_retention: logs.RetentionDays | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -280,7 +295,10 @@ class TrainingPlanReservation(Construct):
         self.plan_arn = self.custom_resource.get_att_string("PlanArn")
         self._plan_resources = plan_resources
         self._acknowledge(role, framework_role)
-        _skip_checkov(self.handler, provider.node.find_child("framework-onEvent"))
+        framework = provider.node.find_child("framework-onEvent")
+        _skip_checkov(self.handler, framework)
+        _depend_on_policy_only(self.handler, role)
+        _depend_on_policy_only(framework, framework_role)
 
     def grant_describe(self, grantee: iam.IGrantable) -> iam.Grant | None:
         """Let ``grantee`` describe this plan (None for on_demand: there is no plan)."""

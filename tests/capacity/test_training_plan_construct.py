@@ -50,7 +50,8 @@ class Synth:
         if nag:
             apply_nag(self.app)
         self.stack = cdk.Stack(self.app, "PlanTest", env=cdk.Environment(account=ACCOUNT, region=REGION))
-        self.plan = TrainingPlanReservation(self.stack, "Plan", env_config=env_config)
+        key = cdk.aws_kms.Key(self.stack, "LogKey", enable_key_rotation=True)
+        self.plan = TrainingPlanReservation(self.stack, "Plan", env_config=env_config, log_key=key)
         assembly = self.app.synth()  # raises when cdk-nag reports an unacknowledged finding
         self.outdir = Path(assembly.directory)
         self.template = Template.from_stack(self.stack)
@@ -78,6 +79,10 @@ def existing(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return Synth(environment(EXISTING), tmp_path_factory.mktemp("existing"))
 
 
+def log_key(stack: cdk.Stack, key_id: str = "LogKey") -> cdk.aws_kms.Key:
+    return cdk.aws_kms.Key(stack, key_id, enable_key_rotation=True)
+
+
 def actions(statements: list[dict[str, Any]]) -> set[str]:
     found: set[str] = set()
     for statement in statements:
@@ -89,7 +94,7 @@ def actions(statements: list[dict[str, Any]]) -> set[str]:
 def test_on_demand_creates_nothing_and_has_no_plan_arn(tmp_path: Path) -> None:
     synth = Synth(environment(OnDemandCapacity()), tmp_path)
     assert synth.plan.plan_arn is None and synth.plan.custom_resource is None and synth.plan.handler is None
-    assert synth.json.get("Resources", {}) == {}
+    assert {r["Type"] for r in synth.json["Resources"].values()} == {"AWS::KMS::Key"}  # the test's own key
 
 
 def test_reserve_custom_resource_carries_the_reservation_inputs(reserve: Synth) -> None:
@@ -217,7 +222,9 @@ def test_synth_is_deterministic(tmp_path: Path, reserve: Synth) -> None:
 def test_network_az_mismatch_fails_synth_with_one_line() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
     with pytest.raises(ValueError) as raised:
-        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE), availability_zone="us-east-1b")
+        TrainingPlanReservation(
+            stack, "Plan", env_config=environment(RESERVE), log_key=log_key(stack), availability_zone="us-east-1b"
+        )
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(
@@ -228,31 +235,43 @@ def test_network_az_mismatch_fails_synth_with_one_line() -> None:
 def test_reserving_fewer_instances_than_a_job_uses_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
     with pytest.raises(ValueError, match=r"capacity.instance_count 2 is less than instance_count 4: reserve at least"):
-        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE, instance_count=4))
+        TrainingPlanReservation(
+            stack, "Plan", env_config=environment(RESERVE, instance_count=4), log_key=log_key(stack)
+        )
 
 
 def test_an_instance_type_not_sold_as_a_plan_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
     with pytest.raises(ValueError, match=r"instance_type ml.g5.48xlarge is not sold as a training plan"):
-        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING, instance_type="ml.g5.48xlarge"))
+        TrainingPlanReservation(
+            stack, "Plan", env_config=environment(EXISTING, instance_type="ml.g5.48xlarge"), log_key=log_key(stack)
+        )
 
 
 def test_stack_in_another_region_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region="us-west-2"))
     with pytest.raises(ValueError, match=r"stack region us-west-2 is not region us-east-1"):
-        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING))
+        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING), log_key=log_key(stack))
 
 
 def test_wait_timeout_beyond_the_lambda_limit_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
     with pytest.raises(ValueError, match=r"wait_timeout must be at most 14 minutes"):
-        TrainingPlanReservation(stack, "Plan", env_config=environment(RESERVE), wait_timeout=cdk.Duration.minutes(15))
+        TrainingPlanReservation(
+            stack,
+            "Plan",
+            env_config=environment(RESERVE),
+            log_key=log_key(stack),
+            wait_timeout=cdk.Duration.minutes(15),
+        )
 
 
 def test_grant_describe_scopes_to_the_plan() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
-    on_demand = TrainingPlanReservation(stack, "OnDemand", env_config=environment(OnDemandCapacity()))
-    plan = TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING))
+    on_demand = TrainingPlanReservation(
+        stack, "OnDemand", env_config=environment(OnDemandCapacity()), log_key=log_key(stack)
+    )
+    plan = TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING), log_key=log_key(stack, "Key2"))
     role = cdk.aws_iam.Role(stack, "Jobs", assumed_by=cdk.aws_iam.ServicePrincipal("sagemaker.amazonaws.com"))
     assert on_demand.grant_describe(role) is None
     assert plan.grant_describe(role) is not None
@@ -281,7 +300,8 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
 
     env_config = environment(RESERVE, profiles=("llama3.2-1b",), data_stage=DataStageConfig(mode="s3"))
     stack = cdk.Stack(cdk.App(), "Wired", env=cdk.Environment(account=ACCOUNT, region=REGION))
-    plan = TrainingPlanReservation(stack, "TrainingPlan", env_config=env_config)
+    key = kms.Key(stack, "Key")
+    plan = TrainingPlanReservation(stack, "TrainingPlan", env_config=env_config, log_key=key)
     vpc = ec2.Vpc(
         stack,
         "Vpc",
@@ -289,7 +309,6 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
         nat_gateways=0,
         subnet_configuration=[ec2.SubnetConfiguration(name="t", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)],
     )
-    key = kms.Key(stack, "Key")
     resources = PipelineResources(
         image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/btk-training:latest",
         execution_role=iam.Role(stack, "Exec", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
@@ -321,3 +340,16 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
     body = json.loads(fake(pipelines[0]["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"]))
     parameter = next(p for p in body["Parameters"] if p["Name"] == PARAM_TRAINING_PLAN_ARN)
     assert parameter["DefaultValue"] == bought
+
+
+def test_functions_depend_on_their_policy_and_the_template_passes_cfn_lint(reserve: Synth) -> None:
+    functions = reserve.template.find_resources("AWS::Lambda::Function")
+    policies = reserve.template.find_resources("AWS::IAM::Policy")
+    for function in functions.values():
+        (dependency,) = function["DependsOn"]
+        assert dependency in policies
+    template = reserve.outdir / "PlanTest.template.json"
+    lint = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), str(template)], capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout
