@@ -21,7 +21,8 @@ HARD_LIMIT="${HARD_LIMIT:-320}"
 SITE=/tmp/btk-site
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  torchao=$(ls .whl/torchao-0.17.0-*.whl 2>/dev/null | head -n1)
+  # torchao 0.17 pairs with the machine's torch 2.11; fall back to whatever torchao .whl/ holds.
+  torchao=$(ls .whl/torch211/torchao-*.whl 2>/dev/null | head -n1)
   [ -n "$torchao" ] || torchao=$(ls .whl/torchao-*.whl 2>/dev/null | sort -V | head -n1)
   mapfile -t others < <(ls .whl/*.whl | grep -v '/torchao-')
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
