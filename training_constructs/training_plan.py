@@ -154,7 +154,9 @@ class TrainingPlanReservation(Construct):
     :param wait_timeout: how long Create waits for a bought plan to become Scheduled/Active
         (at most the 15-minute Lambda limit less a margin). Default: 10 minutes.
     :param log_key: KMS key of the handler's and the provider's log groups (required: logs are
-        encrypted at rest with a customer key; the stack's data key does).
+        encrypted at rest with a customer key). Its policy must let
+        ``logs.<region>.amazonaws.com`` use it for this account's log groups, as the stack's data
+        key (``create_data_key``) does.
     :param log_retention: retention of the handler's logs. Default: ``env_config.log_retention_days``.
 
     Attributes: ``plan_arn`` (None for on_demand; a token for reserve), ``plan_name`` (the
