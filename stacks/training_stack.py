@@ -15,6 +15,8 @@ from btk.environment import EnvironmentConfig
 from training_constructs.data_stage import DataStage, DataStageProps, create_data_key
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
+from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
+from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
 from training_constructs.training_image import TrainingImage
 
 #: CloudWatch Logs retention in days -> the CDK enum member.
@@ -83,7 +85,46 @@ class TrainingStack(Stack):
                 security_group=self.network.security_group,
             ),
         )
+        self._pipelines()
         self._outputs()
+
+    def _pipelines(self) -> None:
+        """One SageMaker pipeline per profile, and the environment's dashboard and failure alerts."""
+        env_config, data_stage = self.env_config, self.data_stage
+        location = None
+        if data_stage.file_system_id and data_stage.mount_name:
+            location = FileSystemLocation(
+                data_stage.file_system_id, data_stage.mount_name, env_config.data_stage.fsx_directory
+            )
+        capacity = env_config.capacity
+        self.pipelines = TrainingPipelines(
+            self,
+            "Pipelines",
+            env_config,
+            resources=PipelineResources(
+                image_uri=self.image.image_uri,
+                execution_role=self.execution_role.role,
+                key=self.key,
+                subnets=[self.network.training_subnet],
+                security_groups=[self.network.security_group],
+                datasets_bucket=data_stage.datasets_bucket,
+                checkpoints_bucket=data_stage.checkpoints_bucket,
+                artifacts_bucket=data_stage.artifacts_bucket,
+                datasets_prefix=data_stage.datasets_prefix,
+                file_system=location,
+            ),
+            training_plan_arn=capacity.plan_arn if capacity.mode == "existing" else None,
+        )
+        self.observability = TrainingObservability(
+            self,
+            "Observability",
+            props=TrainingObservabilityProps(
+                environment=env_config,
+                pipeline_names=self.pipelines.pipeline_names,
+                job_name_prefixes={name: p.job_name_prefix for name, p in self.pipelines.pipelines.items()},
+                key=self.key,
+            ),
+        )
 
     @property
     def availability_zones(self) -> list[str]:

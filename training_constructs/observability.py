@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import jsii
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
@@ -56,6 +57,9 @@ class TrainingObservabilityProps:
     """Props of :class:`TrainingObservability`.
 
     :param environment: the environment (name, region, account, log retention).
+    :param key: the key of the topic and the log groups; if it is a ``kms.Key`` of this app,
+        statements letting EventBridge and CloudWatch Logs use it are added to its policy.
+        Default: a dedicated key with rotation.
     :param pipeline_names: the environment's pipeline names (``btk-<env>-<profile>``).
     :param job_name_prefixes: job-name prefix by profile name (``TrainingPipeline.job_name_prefix``).
     :param notification_emails: e-mail addresses subscribed to the topic. Default: none.
@@ -67,6 +71,7 @@ class TrainingObservabilityProps:
     environment: EnvironmentConfig
     pipeline_names: Sequence[str]
     job_name_prefixes: Mapping[str, str]
+    key: kms.IKey | None = None
     notification_emails: Sequence[str] = field(default_factory=tuple)
     manage_sagemaker_log_groups: bool = False
     metric_period: Duration = field(default_factory=lambda: Duration.minutes(1))
@@ -101,38 +106,15 @@ class TrainingObservability(Construct):
         self.environment = env
         removal = RemovalPolicy.RETAIN if env.retain_data else RemovalPolicy.DESTROY
 
-        self.key = kms.Key(
+        self.key: kms.IKey = props.key or kms.Key(
             self,
             "Key",
             description=f"Blackwell Training Kit notifications and event logs ({env.name})",
             enable_key_rotation=True,
             removal_policy=removal,
         )
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="EventBridgePublishesToEncryptedTopic",
-                principals=[iam.ServicePrincipal("events.amazonaws.com")],
-                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-            )
-        )
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CloudWatchLogsEncryptsEventLogs",
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
-                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
-                resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs", resource="log-group", resource_name="*",
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                        )
-                    }
-                },
-            )
-        )
+        if isinstance(self.key, kms.Key):
+            self._allow_services(self.key, stack)
 
         self.topic = sns.Topic(
             self,
@@ -191,8 +173,8 @@ class TrainingObservability(Construct):
         )
         rules = [self.pipeline_failed_rule, self.training_job_failed_rule]
         for rule in rules:
-            rule.add_target(_DirectTarget(self.topic.topic_arn))
-            rule.add_target(_DirectTarget(self.event_log_group.log_group_arn))
+            rule.add_target(cast(events.IRuleTarget, _DirectTarget(self.topic.topic_arn)))
+            rule.add_target(cast(events.IRuleTarget, _DirectTarget(self.event_log_group.log_group_arn)))
         rule_arns = [rule.rule_arn for rule in rules]
         self.topic.add_to_resource_policy(
             iam.PolicyStatement(
@@ -221,6 +203,33 @@ class TrainingObservability(Construct):
             ],
         )
         self.dashboard = self._dashboard(props)
+
+    def _allow_services(self, key: kms.Key, stack: Stack) -> None:
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="EventBridgePublishesToEncryptedTopic",
+                principals=[iam.ServicePrincipal("events.amazonaws.com")],
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchLogsEncryptsTrainingEventLogs",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                            service="logs", resource="log-group", resource_name="*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    }
+                },
+            )
+        )
 
     # -- dashboard -------------------------------------------------------------------------
 
