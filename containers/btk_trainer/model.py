@@ -180,6 +180,15 @@ class Decoder(nn.Module):
         self.loss_fn: LossFn = eager_cross_entropy
         self._rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def tie_weights(self) -> None:
+        """Share the head with the embedding when tied (``to_empty`` on plain tensors unties them)."""
+        if self.arch.tied_embeddings and self.lm_head.weight is not self.model.embed_tokens.weight:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def weights_tied(self) -> bool:
+        return self.lm_head.weight is self.model.embed_tokens.weight
+
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, str(device))
         if key not in self._rope_cache:

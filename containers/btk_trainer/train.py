@@ -192,6 +192,7 @@ def load_pretrained(model: Decoder, directory: Path) -> None:
         with torch.device("meta"):
             reference = Decoder(model.arch)
         reference.to_empty(device="cpu")
+        reference.tie_weights()
         load_safetensors(reference, directory)
         full = reference.state_dict()
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -235,6 +236,8 @@ def train(config: RunConfig) -> RunResult:
         fused_loss_enabled=knobs.fused_loss and on_gpu,
     )
     model.to_empty(device=device)
+    if spec.architecture.tied_embeddings and not model.weights_tied:  # FSDP2 swaps tensors in place
+        raise RuntimeError("tied embeddings were untied while materialising the model")
     if spec.job.init_from:
         load_pretrained(model, Path(spec.job.init_from))
     else:

@@ -79,6 +79,40 @@ def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch
     return grads, float(loss) / dist.get_world_size(), sharded
 
 
+def check_init_from(workdir: Path) -> dict[str, Any]:
+    """A Hugging Face checkpoint (tied Qwen2-style toy) loads into the sharded model exactly."""
+    from btk_trainer.model import Decoder, export_hf
+    from btk_trainer.parallelize import build_mesh, mesh_shape, parallelize
+    from btk_trainer.train import load_pretrained
+    from conftest import tiny_qwen
+
+    arch = tiny_qwen()
+    source_dir = workdir / "hf_source"
+    source = Decoder(arch)
+    source.init_weights(seed=3, std=0.05)
+    if dist.get_rank() == 0:
+        export_hf(source.state_dict(), arch, source_dir, dtype=torch.float32)
+    dist.barrier()
+    knobs = TrainingKnobs(micro_batch_size=1, seq_len=32, compile=False, fused_loss=False)
+    shape = mesh_shape(dist.get_world_size(), 1, knobs)
+    with torch.device("meta"):
+        model = Decoder(arch)
+    parallelize(model, knobs, build_mesh(shape, "cpu"), shape, param_dtype=None, capability=None)
+    model.to_empty(device="cpu")
+    tied = model.weights_tied
+    load_pretrained(model, source_dir)
+    loaded = full_state(model)
+    expected = source.state_dict()
+    if dist.get_rank() != 0:
+        return {}
+    return {
+        "tied": tied,
+        "keys_match": sorted(k for k in loaded if k != "lm_head.weight")
+        == sorted(k for k in expected if k != "lm_head.weight"),
+        "equal": all(torch.equal(loaded[k], expected[k]) for k in loaded),
+    }
+
+
 def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     """Loss falls; parameters are sharded; AC modes and grad accumulation give the same gradients."""
     from btk_trainer.train import RunConfig, train
@@ -105,6 +139,7 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     }
     # TP=2 on 2 ranks leaves one data-parallel rank: give it both ranks' windows (4) to match.
     tp, tp_loss, _ = grads_for(spec_for(workdir, tensor_parallel=2, micro_batch_size=4), data_dir)
+    out["init_from"] = check_init_from(workdir)
     out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
                               "loss_diff": abs(tp_loss - ref_loss)}
     return out

@@ -96,3 +96,8 @@ def test_sigterm_and_resume_is_bit_identical(dataset: Path, tmp_path: Path, seed
         assert run["kept"] == sorted({3, 6, run["stop"]})[-2:]
         for step, loss in run["losses_after"].items():
             assert loss == result["straight_losses"][step]
+
+
+def test_init_from_hugging_face_loads_into_sharded_model(core: dict[str, Any]) -> None:
+    """A tied Qwen2-style safetensors checkpoint: rank 0 reads it, every shard gets its part."""
+    assert core["init_from"] == {"tied": True, "keys_match": True, "equal": True}
