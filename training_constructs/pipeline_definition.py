@@ -261,10 +261,16 @@ def _offline_sdk_environment(region: str) -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", region)
     os.environ.setdefault("AWS_REGION", region)
     os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
+    # Some SDK modules create boto3 clients at import time; without this, botocore's credential
+    # chain asks the EC2 instance-metadata endpoint (a network call, seconds of timeouts).
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
     # The SDK logs every step at INFO ("Not applying SDK defaults", ...): keep synth quiet.
     for name in ("sagemaker", "sagemaker.config"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+
+#: Placeholder for the offline session's credentials (never valid, never used to sign a sent request).
+_OFFLINE_CREDENTIAL = "btk-offline-synth"
 
 #: SDK defaults config with telemetry off: the SDK must not call out during synth.
 _SDK_CONFIG: dict[str, Any] = {
@@ -290,7 +296,13 @@ class _Builder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.session = PipelineSession(
-                boto_session=boto3.Session(region_name=env.region),
+                # Inert placeholder credentials: creating the SDK's clients must not walk the
+                # credential chain (instance metadata, SSO, ...), and no request is ever sent.
+                boto_session=boto3.Session(
+                    region_name=env.region,
+                    aws_access_key_id=_OFFLINE_CREDENTIAL,
+                    aws_secret_access_key=_OFFLINE_CREDENTIAL,
+                ),
                 # Never used (every location is explicit); set so nothing asks STS for it.
                 default_bucket="btk-unused-default-bucket",
                 sagemaker_config=_SDK_CONFIG,

@@ -1,0 +1,134 @@
+"""The pure definition builder: validation errors, offline build, SDK gaps, names."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import environments
+from btk.catalog import get_profile
+from btk.errors import BtkError
+from btk.knobs import TrainingKnobs
+from training_constructs.pipeline_definition import (
+    NCCL_ENVIRONMENT,
+    STEP_TRAIN,
+    STEP_TRAIN_ON_PLAN,
+    FsxTrainingData,
+    PipelineSpec,
+    S3TrainingData,
+    build_pipeline_definition,
+    job_name_prefix,
+    pipeline_name,
+)
+
+KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def _spec(**changes: Any) -> PipelineSpec:
+    profile = get_profile("llama3.2-1b")
+    spec = PipelineSpec(
+        environment=environments.STAGING,
+        profile=profile,
+        knobs=TrainingKnobs(micro_batch_size=2, seq_len=profile.training.seq_len),
+        image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/btk:1",
+        role_arn="arn:aws:iam::123456789012:role/exec",
+        kms_key_arn=KEY,
+        subnet_ids=["subnet-0a1b2c3d4e5f60718"],
+        security_group_ids=["sg-0a1b2c3d4e5f60718"],
+        train_data=FsxTrainingData("fs-0123456789abcdef0", "abcd1234", "/datasets"),
+        checkpoint_s3_uri="s3://checkpoints-bucket/checkpoints",
+        output_s3_uri="s3://artifacts-bucket/models",
+    )
+    return replace(spec, **changes)
+
+
+def _train(definition: str, step: str = STEP_TRAIN) -> dict[str, Any]:
+    parsed = json.loads(definition)
+    condition = parsed["Steps"][-1]["Arguments"]
+    for candidate in condition["IfSteps"] + condition["ElseSteps"]:
+        if candidate["Name"] == step:
+            return candidate["Arguments"]  # type: ignore[no-any-return]
+    raise AssertionError(step)
+
+
+def test_names_are_sanitised_for_sagemaker() -> None:
+    assert pipeline_name("dev", "llama3.2-1b") == "btk-dev-llama3-2-1b"
+    assert pipeline_name("prod", "qwen2.5_32b") == "btk-prod-qwen2-5-32b"
+    assert len(job_name_prefix("staging-eu-west-1-big", "a-very-long-profile-name-for-testing")) <= 40
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"profile": get_profile("qwen2.5-32b")}, "profile 'qwen2.5-32b' is not in environment 'staging'"),
+        ({"role_arn": "exec-role"}, "role_arn 'exec-role' must be an IAM role ARN"),
+        ({"checkpoint_s3_uri": "/tmp/ckpt"}, "checkpoint_s3_uri '/tmp/ckpt' must be an s3:// URI"),
+        ({"image_uri": ""}, "pipeline image_uri is empty"),
+        ({"subnet_ids": []}, "needs subnet_ids and security_group_ids"),
+        ({"train_data": S3TrainingData("s3://b/datasets/")}, "uses data_stage.mode=fsx: pass FsxTrainingData"),
+        ({"training_plan_arn": "my-plan"}, "is not a training plan ARN"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(BtkError, match=message) as raised:
+        build_pipeline_definition(_spec(**changes))
+    assert "\n" not in str(raised.value)
+
+
+def test_s3_env_rejects_fsx_channel() -> None:
+    spec = _spec(environment=environments.DEV)
+    with pytest.raises(BtkError, match=r"uses data_stage\.mode=s3: pass S3TrainingData"):
+        build_pipeline_definition(spec)
+
+
+def test_build_makes_no_network_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[Any] = []
+
+    def refuse(self: socket.socket, address: Any) -> None:
+        attempts.append(address)
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    definition = build_pipeline_definition(_spec())
+    assert attempts == []
+    assert json.loads(definition)["Parameters"]
+
+
+def test_same_spec_same_bytes() -> None:
+    assert build_pipeline_definition(_spec()) == build_pipeline_definition(_spec())
+
+
+def test_volume_key_only_where_the_instance_has_ebs() -> None:
+    nvme = _train(build_pipeline_definition(_spec()))
+    assert "VolumeKmsKeyId" not in nvme["ResourceConfig"]
+    ebs_env = environments.STAGING.model_copy(update={"instance_type": "ml.p3.16xlarge"})
+    ebs = _train(build_pipeline_definition(_spec(environment=ebs_env)))
+    assert ebs["ResourceConfig"]["VolumeKmsKeyId"] == KEY
+    assert ebs["ResourceConfig"]["VolumeSizeInGB"] == 500
+
+
+def test_existing_plan_default_and_on_plan_branch_has_no_spot() -> None:
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/btk-prod"
+    definition = build_pipeline_definition(_spec(training_plan_arn=plan))
+    parameters = {p["Name"]: p for p in json.loads(definition)["Parameters"]}
+    assert parameters["TrainingPlanArn"]["DefaultValue"] == plan
+    on_plan = _train(definition, STEP_TRAIN_ON_PLAN)
+    assert on_plan["EnableManagedSpotTraining"] is False
+    assert "MaxWaitTimeInSeconds" not in on_plan["StoppingCondition"]
+
+
+def test_prod_multi_node_encrypts_inter_node_traffic() -> None:
+    prod = environments.PROD
+    profile = get_profile("qwen2.5-32b")
+    spec = _spec(environment=prod, profile=profile, knobs=TrainingKnobs(micro_batch_size=1, seq_len=4096))
+    definition = build_pipeline_definition(spec)
+    arguments = _train(definition)
+    assert arguments["EnableInterContainerTrafficEncryption"] is True
+    parameters = {p["Name"]: p for p in json.loads(definition)["Parameters"]}
+    assert parameters["InstanceCount"]["DefaultValue"] == prod.instance_count == 2
+    assert arguments["Environment"]["FI_PROVIDER"] == "efa" == NCCL_ENVIRONMENT["FI_PROVIDER"]
