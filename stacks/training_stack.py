@@ -18,6 +18,7 @@ from training_constructs.network import TrainingNetwork, TrainingNetworkProps
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
 from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
 from training_constructs.training_image import TrainingImage
+from training_constructs.training_plan import TrainingPlanReservation
 
 #: CloudWatch Logs retention in days -> the CDK enum member.
 RETENTION_DAYS: dict[int, logs.RetentionDays] = {
@@ -85,6 +86,14 @@ class TrainingStack(Stack):
                 security_group=self.network.security_group,
             ),
         )
+        self.training_plan = TrainingPlanReservation(
+            self,
+            "TrainingPlan",
+            env_config=env_config,
+            log_key=self.key,
+            availability_zone=self.network.training_subnet.availability_zone,
+            log_retention=RETENTION_DAYS[env_config.log_retention_days],
+        )
         self._pipelines()
         self._outputs()
 
@@ -96,7 +105,6 @@ class TrainingStack(Stack):
             location = FileSystemLocation(
                 data_stage.file_system_id, data_stage.mount_name, env_config.data_stage.fsx_directory
             )
-        capacity = env_config.capacity
         self.pipelines = TrainingPipelines(
             self,
             "Pipelines",
@@ -113,7 +121,7 @@ class TrainingStack(Stack):
                 datasets_prefix=data_stage.datasets_prefix,
                 file_system=location,
             ),
-            training_plan_arn=capacity.plan_arn if capacity.mode == "existing" else None,
+            training_plan_arn=self.training_plan.plan_arn,
         )
         self.observability = TrainingObservability(
             self,
@@ -143,6 +151,8 @@ class TrainingStack(Stack):
             "TrainingSubnetId": (self.network.training_subnet.subnet_id, "subnet of the training jobs"),
             "TrainingSecurityGroupId": (self.network.security_group.security_group_id, "EFA/Lustre security group"),
         }
+        if self.training_plan.plan_arn is not None:
+            outputs["TrainingPlanArn"] = (self.training_plan.plan_arn, "default training plan of every pipeline")
         if data_stage.file_system_id and data_stage.mount_name and data_stage.directory_path:
             outputs["FileSystemId"] = (data_stage.file_system_id, "FSx for Lustre file system id")
             outputs["FileSystemMountName"] = (data_stage.mount_name, "FSx for Lustre mount name")

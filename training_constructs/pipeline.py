@@ -26,6 +26,7 @@ from constructs import Construct
 
 from btk.environment import EnvironmentConfig
 from btk.knobs import TrainingKnobs
+from btk.naming import pipeline_name
 from btk.profile import ModelProfile
 from training_constructs.nag import acknowledge_wildcard_resources
 from training_constructs.pipeline_definition import (
@@ -35,7 +36,6 @@ from training_constructs.pipeline_definition import (
     S3TrainingData,
     build_pipeline_definition,
     job_name_prefix,
-    pipeline_name,
 )
 
 #: Default instance of the data-preparation (tokenize) processing job.

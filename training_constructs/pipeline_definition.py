@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +49,7 @@ from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.metrics import METRIC_DEFINITIONS
+from btk.naming import TAG_ENVIRONMENT, TAG_INSTANCE_TYPE, TAG_PROFILE, pipeline_name
 from btk.profile import ModelProfile
 
 PARAM_INSTANCE_COUNT = "InstanceCount"
@@ -70,9 +70,6 @@ PROCESSING_OUTPUT = "/opt/ml/processing/output"
 #: The tokenize tool of the training image (``containers/pyproject.toml``: ``btk-tokenize``).
 TOKENIZE_COMMAND = ("btk-tokenize",)
 
-TAG_ENVIRONMENT = "btk:environment"
-TAG_PROFILE = "btk:profile"
-TAG_INSTANCE_TYPE = "btk:instance-type"
 
 #: Managed spot: how long a job may wait for capacity plus run, as a multiple of the run time.
 SPOT_WAIT_FACTOR = 2
@@ -97,7 +94,6 @@ NCCL_ENVIRONMENT: dict[str, str] = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
 
-_PIPELINE_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$")
 _TOKEN = "${Token["
 
 
@@ -179,15 +175,6 @@ class PipelineSpec:
     data_preparation: DataPreparation | None = None
     volume_size_gb: int = 500
     extra_tags: dict[str, str] = field(default_factory=dict)
-
-
-def pipeline_name(environment: str, profile: str) -> str:
-    """``btk-<env>-<profile>`` with every character SageMaker forbids (``.``, ``_``) as ``-``."""
-    name = re.sub(r"[^a-zA-Z0-9-]", "-", f"btk-{environment}-{profile}")
-    name = re.sub(r"-{2,}", "-", name).strip("-")
-    if not _PIPELINE_NAME.match(name):
-        raise BtkError(f"pipeline name {name!r} is not a valid SageMaker pipeline name: rename the profile")
-    return name
 
 
 def job_name_prefix(environment: str, profile: str) -> str:

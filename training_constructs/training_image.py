@@ -1,28 +1,47 @@
-"""The training image: a Docker image asset built from the repository's ``containers/``.
+"""The training image: a Docker image asset built from ``containers/Dockerfile``.
 
-Synth only stages the directory and computes its hash (no Docker needed); ``cdk deploy``
-builds the image for linux/amd64 and pushes it to the bootstrap ECR repository.
+The build context is the repository root, filtered down to what the image installs (the
+``btk`` core, the profiles and ``containers/``), so the trainer uses the very same core as
+the CDK app without a vendored copy, and the asset hash changes when any of them changes.
+Synth only stages those files and hashes them (no Docker needed); ``cdk deploy`` builds the
+image for linux/amd64 and pushes it to the bootstrap ECR repository.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-#: The image context: ``containers/`` next to ``training_constructs/``.
-DEFAULT_CONTEXT = Path(__file__).resolve().parent.parent / "containers"
-#: Files that never change the image: kept out of the asset hash so synth stays deterministic.
-EXCLUDE = ("**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/.mypy_cache", "**/.ruff_cache")
+#: The build context: the repository root (filtered by ``EXCLUDE``).
+DEFAULT_CONTEXT = Path(__file__).resolve().parent.parent
+#: Dockerfile path inside the context.
+DEFAULT_DOCKERFILE = "containers/Dockerfile"
+#: Docker-style ignore rules: everything but what the Dockerfile copies (mirrors
+#: ``containers/Dockerfile.dockerignore``); caches never reach the hash, so synth is deterministic.
+EXCLUDE = (
+    "*",
+    "!btk",
+    "!profiles",
+    "!containers",
+    "containers/bench",
+    "containers/.dockerignore",
+    "**/__pycache__",
+    "**/*.pyc",
+    "**/.pytest_cache",
+    "**/.mypy_cache",
+    "**/.ruff_cache",
+)
 
 
 class TrainingImage(Construct):
     """A ``DockerImageAsset`` for linux/amd64.
 
-    :param directory: the build context. Default: the repository's ``containers/``.
-    :param dockerfile: the Dockerfile inside ``directory``. Default: ``Dockerfile``.
+    :param directory: the build context. Default: the repository root.
+    :param dockerfile: the Dockerfile inside ``directory``. Default: ``containers/Dockerfile``.
 
     Attributes: ``asset``, ``image_uri``, ``repository``.
     """
@@ -33,7 +52,7 @@ class TrainingImage(Construct):
         construct_id: str,
         *,
         directory: Path = DEFAULT_CONTEXT,
-        dockerfile: str = "Dockerfile",
+        dockerfile: str = DEFAULT_DOCKERFILE,
     ) -> None:
         super().__init__(scope, construct_id)
         if not (directory / dockerfile).is_file():
@@ -45,6 +64,7 @@ class TrainingImage(Construct):
             file=dockerfile,
             platform=ecr_assets.Platform.LINUX_AMD64,
             exclude=list(EXCLUDE),
+            ignore_mode=IgnoreMode.DOCKER,
         )
         self.image_uri: str = self.asset.image_uri
         self.repository = self.asset.repository
