@@ -20,19 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline_env import OFFLINE_ENV, offline_environment
+
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b")
-OFFLINE_ENV = {
-    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
-    "CDK_DISABLE_VERSION_CHECK": "1",
-    "AWS_REGION": "us-east-1",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_ACCESS_KEY_ID": "",
-    "AWS_SECRET_ACCESS_KEY": "",
-    "SAGEMAKER_VALIDATE_ROLE": "false",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 
 #: Runs inside the child process; prints one JSON line of timings.
 _CHILD = r"""
@@ -78,7 +70,7 @@ print(json.dumps({
 
 
 def measure(count: int) -> dict[str, float]:
-    env = {key: value for key, value in os.environ.items() if key != "AWS_PROFILE"} | OFFLINE_ENV
+    env = offline_environment()
     env["PYTHONPATH"] = str(REPO)
     process = subprocess.run(
         [sys.executable, "-c", _CHILD, ",".join(PROFILES[:count])],

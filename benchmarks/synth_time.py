@@ -18,25 +18,18 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline_env import offline_environment
+
 REPO = Path(__file__).resolve().parent.parent
 CDK = REPO / "node_modules" / ".bin" / "cdk"
-OFFLINE_ENV = {
-    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "1",
-    "CDK_DISABLE_VERSION_CHECK": "1",
-    "AWS_REGION": "us-east-1",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_ACCESS_KEY_ID": "",
-    "AWS_SECRET_ACCESS_KEY": "",
-    "SAGEMAKER_VALIDATE_ROLE": "false",
-}
 
 
 def synth_seconds(env_name: str, outdir: Path) -> float:
     """Wall-clock seconds of one ``cdk synth`` of ``env_name``; raises if it fails."""
     command = [str(CDK), "synth", "TrainingStack", "-c", f"env={env_name}", "--no-notices",
                "--no-version-reporting", "--quiet", "-o", str(outdir)]
-    env = {key: value for key, value in os.environ.items() if key != "AWS_PROFILE"} | OFFLINE_ENV
+    env = offline_environment()
     start = time.perf_counter()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - start

@@ -34,6 +34,14 @@ EC2_DESCRIBE_ACTIONS = (
 )
 
 
+def sagemaker_principal(stack: Stack) -> iam.ServicePrincipal:
+    """SageMaker as a principal, only on behalf of this stack's account (confused-deputy guard)."""
+    return iam.ServicePrincipal(
+        "sagemaker.amazonaws.com",
+        conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+    )
+
+
 @dataclass(frozen=True)
 class TrainingExecutionRoleProps:
     """Props of :class:`TrainingExecutionRole`.
@@ -65,10 +73,7 @@ class TrainingExecutionRole(Construct):
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com",
-                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-            ),
+            assumed_by=sagemaker_principal(stack),
             description=f"SageMaker training execution role ({stack.stack_name})",
         )
         data_stage = props.data_stage

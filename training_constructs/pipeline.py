@@ -28,6 +28,7 @@ from btk.environment import EnvironmentConfig
 from btk.knobs import TrainingKnobs
 from btk.naming import pipeline_name
 from btk.profile import ModelProfile
+from training_constructs.execution_role import sagemaker_principal
 from training_constructs.nag import acknowledge_wildcard_resources
 from training_constructs.pipeline_definition import (
     DataPreparation,
@@ -137,10 +138,7 @@ class PipelineRole(Construct):
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal(
-                "sagemaker.amazonaws.com",
-                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-            ),
+            assumed_by=sagemaker_principal(stack),
             description=f"SageMaker Pipelines role of {environment.name} training pipelines",
         )
         job_kinds = ["training-job", *(["processing-job"] if data_preparation else [])]

@@ -20,7 +20,7 @@ from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCap
 from training_constructs.nag import apply_nag
 from training_constructs.training_plan import PLAN_ACTIONS, TrainingPlanReservation
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "1")
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 RESERVE = ReservePlanCapacity(
     start_after=datetime(2026, 3, 2, tzinfo=UTC),

@@ -84,7 +84,7 @@ def test_unknown_profile() -> None:
 
 
 def test_account_override() -> None:
-    assert load_environment({"env": "prod", "account": "210987654321"}).account == "210987654321"
+    assert load_environment({"env": "prod", "account": "444455556666"}).account == "444455556666"
     message = _raise_message({"env": "prod", "account": "12345"})
     assert message == "environment prod: account: must be a 12-digit AWS account id"
 
