@@ -9,9 +9,12 @@ from __future__ import annotations
 import difflib
 import importlib
 from functools import lru_cache
+from types import ModuleType
+
+from pydantic import ValidationError
 
 from btk.environment import EnvironmentConfig
-from btk.errors import UnknownNameError
+from btk.errors import BtkError, UnknownNameError, one_line
 from btk.profile import ModelProfile
 
 
@@ -20,10 +23,18 @@ def _suggest(name: str, known: list[str]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
 
 
+def _import_user_module(name: str, where: str) -> ModuleType:
+    """Import ``profiles`` or ``environments``; an invalid definition is a one-line error."""
+    try:
+        return importlib.import_module(name)
+    except ValidationError as error:
+        raise BtkError(one_line(error, f"{where}: {error.title}: ")) from None
+
+
 @lru_cache(maxsize=1)
 def all_profiles() -> dict[str, ModelProfile]:
     """Every profile in ``profiles/``, by name; duplicate names are an error."""
-    module = importlib.import_module("profiles")
+    module = _import_user_module("profiles", "profiles/")
     catalog: dict[str, ModelProfile] = {}
     for profile in module.PROFILES:
         if profile.name in catalog:
@@ -43,7 +54,7 @@ def get_profile(name: str) -> ModelProfile:
 @lru_cache(maxsize=1)
 def all_environments() -> dict[str, EnvironmentConfig]:
     """Every environment in ``environments.py``, by name."""
-    module = importlib.import_module("environments")
+    module = _import_user_module("environments", "environments.py")
     return {env.name: env for env in module.ENVIRONMENTS}
 
 

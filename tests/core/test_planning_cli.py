@@ -144,3 +144,24 @@ def test_console_script_does_not_import_cdk_torch_boto3_or_sagemaker() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stderr == "[]"
+
+
+def test_an_invalid_user_profile_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    """A profile whose heads do not divide its hidden size fails `btk` with one line, exit 2."""
+    package = tmp_path / "profiles"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent\n"
+        "BAD = ModelProfile(name='bad-7b', family='test', training=TrainingIntent(seq_len=2048, "
+        "global_batch_tokens=4096), architecture=ModelArchitecture(num_layers=2, hidden_size=1000, "
+        "num_attention_heads=3, num_kv_heads=1, ffn_hidden_size=4000, vocab_size=32000, max_context=4096))\n"
+        "PROFILES = (BAD,)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "btk.cli", "profiles"], capture_output=True, text=True, cwd=tmp_path,
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "profiles/: ModelArchitecture" in result.stderr
+    assert "num_attention_heads (3) must divide hidden_size (1000)" in result.stderr

@@ -1,0 +1,5 @@
+"""``python -m btk.cli``."""
+
+from btk.cli import run
+
+run()
