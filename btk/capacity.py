@@ -33,10 +33,13 @@ TARGET_RESOURCE = "training-job"
 READY_STATUSES = ("Scheduled", "Active")
 DEAD_STATUSES = ("Failed", "Expired")
 PLAN_NAME_MAX = 63
+PLAN_HASH_CHARS = 8
 NAME_PREFIX = "btk"
 LISTED_OFFERINGS_MAX = 5
 DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_POLL_SECONDS = 15.0
+#: CreateTrainingPlan error codes for a plan name that is already taken.
+NAME_TAKEN_CODES = ("ResourceInUse",)
 
 
 class CapacityError(Exception):
@@ -83,6 +86,33 @@ def format_fee(fee: float | None, currency: str) -> str:
     return "unknown fee" if fee is None else f"{fee:,.2f} {currency}".strip()
 
 
+def plan_name_prefix(environment: str) -> str:
+    """``btk-<env slug>-``: what every plan name of ``environment`` starts with (8 hex digits follow).
+
+    The slug is the environment name reduced to what a plan name allows (letters, digits,
+    single hyphens), cut so that the whole name fits in :data:`PLAN_NAME_MAX` characters.
+    """
+    slug = "-".join(part for part in environment.lower().replace("_", "-").split("-") if part)
+    slug = "".join(ch for ch in slug if ch.isalnum() or ch == "-")
+    room = PLAN_NAME_MAX - len(NAME_PREFIX) - PLAN_HASH_CHARS - 2
+    slug = slug[:room].strip("-") or "env"
+    return f"{NAME_PREFIX}-{slug}-"
+
+
+def is_environment_plan(name: str, environment: str) -> bool:
+    """True when ``name`` is a plan name :meth:`ReservationRequest.plan_name` gives ``environment``.
+
+    Exact: ``btk-dev-<8 hex>`` is dev's, ``btk-dev-eu-<8 hex>`` is not (it is environment dev-eu's).
+    """
+    prefix = plan_name_prefix(environment)
+    digest = name[len(prefix) :]
+    return (
+        name.startswith(prefix)
+        and len(digest) == PLAN_HASH_CHARS
+        and all(ch in "0123456789abcdef" for ch in digest)
+    )
+
+
 @dataclass(frozen=True)
 class ReservationRequest:
     """What to reserve: the inputs that identify one plan (and so its name).
@@ -101,12 +131,8 @@ class ReservationRequest:
 
     def plan_name(self) -> str:
         """Deterministic, idempotent plan name ``btk-<env>-<hash8>`` (valid for CreateTrainingPlan)."""
-        digest = hashlib.sha256(self.identity().encode()).hexdigest()[:8]
-        slug = "-".join(part for part in self.environment.lower().replace("_", "-").split("-") if part)
-        slug = "".join(ch for ch in slug if ch.isalnum() or ch == "-")
-        room = PLAN_NAME_MAX - len(NAME_PREFIX) - len(digest) - 2
-        slug = slug[:room].strip("-") or "env"
-        return f"{NAME_PREFIX}-{slug}-{digest}"
+        digest = hashlib.sha256(self.identity().encode()).hexdigest()[:PLAN_HASH_CHARS]
+        return plan_name_prefix(self.environment) + digest
 
     def identity(self) -> str:
         """Canonical text of the inputs the name is derived from."""
@@ -378,13 +404,14 @@ def _one_line(error: Exception, operation: str) -> CapacityError:
     return CapacityError(f"{operation} failed: {text} (configure AWS credentials and region)")
 
 
-def _is_not_found(error: Exception) -> bool:
+def _error_code(error: Exception) -> str:
     from botocore.exceptions import ClientError
 
-    return isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") in (
-        "ResourceNotFound",
-        "ResourceNotFoundException",
-    )
+    return str(error.response.get("Error", {}).get("Code", "")) if isinstance(error, ClientError) else ""
+
+
+def _is_not_found(error: Exception) -> bool:
+    return _error_code(error) in ("ResourceNotFound", "ResourceNotFoundException")
 
 
 def search_offerings(client: Any, request: ReservationRequest) -> list[Offering]:
@@ -456,8 +483,23 @@ def list_plans(client: Any, name_prefix: str = "") -> list[TrainingPlan]:
 
 
 def create_plan(client: Any, name: str, offering_id: str) -> str:
-    """Buy ``offering_id`` as plan ``name`` (charges the up-front fee); returns the plan ARN."""
-    response = _call(client, "create_training_plan", TrainingPlanName=name, TrainingPlanOfferingId=offering_id)
+    """Buy ``offering_id`` as plan ``name`` (charges the up-front fee); returns the plan ARN.
+
+    When the name is already taken (``ResourceInUse``) and a plan of that name exists, its
+    ARN is returned instead of an error: botocore retries a call whose response was lost
+    (read timeout), and the first attempt may have bought the plan. The name is derived
+    from the reservation inputs, so a plan of that name is this reservation's plan.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        response = client.create_training_plan(TrainingPlanName=name, TrainingPlanOfferingId=offering_id)
+    except (ClientError, BotoCoreError) as error:
+        if _error_code(error) in NAME_TAKEN_CODES:
+            existing = describe_plan(client, name)
+            if existing is not None:
+                return existing.arn
+        raise _one_line(error, "create_training_plan") from None
     return str(response["TrainingPlanArn"])
 
 

@@ -221,7 +221,9 @@ class TrainingPlanReservation(Construct):
                 stack.format_arn(
                     service="sagemaker",
                     resource="training-plan",
-                    resource_name=f"{capacity.NAME_PREFIX}-{env_config.name}-*",
+                    # exactly this environment's plan names: btk-<env>-<8 hex>, each ? one character
+                    # (btk-<env>-* would also match the plans of an environment named <env>-<more>)
+                    resource_name=capacity.plan_name_prefix(env_config.name) + "?" * capacity.PLAN_HASH_CHARS,
                 )
             ]
 
@@ -320,9 +322,9 @@ class TrainingPlanReservation(Construct):
             )
             acknowledge_wildcard_resources(
                 role,
-                self._plan_resources,
+                [resource for resource in self._plan_resources if "*" in resource],
                 "the plan's name is derived from its reservation inputs at deploy time; the role may only "
-                f"create/describe plans named {capacity.NAME_PREFIX}-{self.env_config.name}-*",
+                f"create/describe plans named {capacity.plan_name_prefix(self.env_config.name)}<8 hex>",
             )
         acknowledge(
             framework_role,

@@ -37,7 +37,10 @@ def register(subparsers: Any) -> None:
     search.add_argument("--format", choices=("table", "json"), default="table")
     search.set_defaults(handler=_search)
 
-    show = commands.add_parser("show", help="the environment's plan: on-demand, existing ARN or reserve name")
+    show = commands.add_parser(
+        "show",
+        help="the environment's plan: on-demand, existing ARN or reserve name (exit 1: the existing plan does not fit)",
+    )
     show.add_argument("--env", required=True, help="environment name (environments.py)")
     show.add_argument("--format", choices=("table", "json"), default="table")
     show.set_defaults(handler=_show)
@@ -110,8 +113,14 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
             end = reserve.end_before if reserve else None
     except capacity.CapacityError as error:
         raise BtkError(str(error)) from None
-    duration = args.duration_hours or (reserve.duration_hours if reserve else DEFAULT_DURATION_HOURS)
-    count = args.instance_count or (reserve.instance_count if reserve else env.instance_count)
+    if args.duration_hours is not None:
+        duration = args.duration_hours
+    else:
+        duration = reserve.duration_hours if reserve else DEFAULT_DURATION_HOURS
+    if args.instance_count is not None:
+        count = args.instance_count
+    else:
+        count = reserve.instance_count if reserve else env.instance_count
     if args.duration_hours is not None and (duration % 24 or not 24 <= duration <= MAX_DURATION_HOURS):
         raise BtkError(f"--duration-hours {duration}: use whole days, 24 to {MAX_DURATION_HOURS} hours")
     if args.instance_count is not None and count not in TRAINING_PLAN_INSTANCE_COUNTS:
@@ -246,14 +255,19 @@ def _show(args: argparse.Namespace) -> int:
             lines.append("not bought yet: the next deploy buys the best offering within the ceiling in this AZ")
         else:
             lines.extend(_plan_lines(plan))
-        others = [other for other in _list(env, f"{capacity.NAME_PREFIX}-{env.name}-") if other.name != name]
+        others = [
+            other
+            for other in _list(env, capacity.plan_name_prefix(env.name))
+            if other.name != name and capacity.is_environment_plan(other.name, env.name)
+        ]
         result["other_plans"] = [other.to_json() for other in others]
         for other in others:
             lines.append(f"other plan of {env.name} (earlier reservation inputs): {other.name} {other.status}")
     else:
         lines.append(f"{env.name}: capacity on_demand: no training plan; jobs run on on-demand capacity")
     _emit(args.format, result, lines)
-    return 0
+    # An existing plan that does not fit would fail the deploy: say so in the exit status too.
+    return 1 if result.get("problems") else 0
 
 
 def _plan_lines(plan: TrainingPlan) -> list[str]:

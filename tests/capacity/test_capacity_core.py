@@ -68,6 +68,35 @@ def test_any_environment_name_yields_a_valid_name_of_at_most_63_characters(envir
     assert re.fullmatch(NAME_PATTERN, name), name
 
 
+@given(st.from_regex(r"[a-z][a-z0-9-]{1,20}", fullmatch=True), st.from_regex(r"[a-z0-9-]{1,8}", fullmatch=True))
+def test_a_plan_name_belongs_to_exactly_its_environment(environment: str, suffix: str) -> None:
+    """Names of env ``dev`` never pass for env ``dev-<suffix>``'s and back (IAM and ``show`` rely on it)."""
+    name = replace(REQUEST, environment=environment).plan_name()
+    assert name.startswith(capacity.plan_name_prefix(environment))
+    assert capacity.is_environment_plan(name, environment)
+    longer = f"{environment}-{suffix}"
+    other = replace(REQUEST, environment=longer).plan_name()
+    if capacity.plan_name_prefix(longer) != capacity.plan_name_prefix(environment):
+        assert not capacity.is_environment_plan(other, environment)
+        assert not capacity.is_environment_plan(name, longer)
+
+
+@pytest.mark.parametrize(
+    ("name", "environment", "mine"),
+    [
+        ("btk-dev-0a1b2c3d", "dev", True),
+        ("btk-dev-eu-0a1b2c3d", "dev", False),
+        ("btk-dev-0a1b2c3", "dev", False),
+        ("btk-dev-0a1b2c3dd", "dev", False),
+        ("btk-dev-0A1B2C3D", "dev", False),
+        ("btk-a-b-0a1b2c3d", "a--b", True),
+        ("team-plan", "dev", False),
+    ],
+)
+def test_is_environment_plan(name: str, environment: str, mine: bool) -> None:
+    assert capacity.is_environment_plan(name, environment) is mine
+
+
 def test_properties_round_trip_and_are_all_strings() -> None:
     request = replace(REQUEST, end_before=START + timedelta(days=20))
     properties = request.to_properties()

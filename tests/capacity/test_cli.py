@@ -162,6 +162,14 @@ def test_search_with_no_offerings_says_how_to_widen(
             "btk: error: --duration-hours 30: use whole days, 24 to 4368 hours",
         ),
         (
+            ["--env", "burst", "--profile", "llama3.1-8b", "--duration-hours", "0"],
+            "btk: error: --duration-hours 0: use whole days, 24 to 4368 hours",
+        ),
+        (
+            ["--env", "burst", "--profile", "llama3.1-8b", "--instance-count", "0"],
+            "btk: error: --instance-count 0 is not sold: use one of 1, 2, 4, 8, 16, 32, 64",
+        ),
+        (
             ["--env", "burst", "--profile", "llama3.1-8b", "--instance-count", "3"],
             "btk: error: --instance-count 3 is not sold: use one of 1, 2, 4, 8, 16, 32, 64",
         ),
@@ -221,9 +229,12 @@ def test_show_reserve_not_bought_yet(sagemaker: StubbedSageMaker, capsys: pytest
     sagemaker.stubber.add_client_error(
         "describe_training_plan", "ResourceNotFound", "no such plan", 400, expected_params={"TrainingPlanName": name}
     )
-    other = described_plan("btk-burst-00000000", status="Expired")
-    summary = {key: other[key] for key in ("TrainingPlanArn", "TrainingPlanName", "Status")}
-    sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": [summary]})
+    summaries = []
+    # the second plan is environment burst-eu's (its name also starts with btk-burst-): not listed
+    for other_name, status in (("btk-burst-00000000", "Expired"), ("btk-burst-eu-0000abcd", "Active")):
+        other = described_plan(other_name, status=status)
+        summaries.append({key: other[key] for key in ("TrainingPlanArn", "TrainingPlanName", "Status")})
+    sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": summaries})
 
     code, out, _ = btk(capsys, "capacity", "show", "--env", "burst")
 
@@ -248,12 +259,28 @@ def test_show_existing_json_reports_the_plan_and_its_problems(
 
     code, out, _ = btk(capsys, "capacity", "show", "--env", "team", "--format", "json")
 
-    assert code == 0
+    assert code == 1  # the plan would fail the deploy
     result: dict[str, Any] = json.loads(out)
     assert result["mode"] == "existing" and result["plan"]["name"] == "team-plan"
     assert result["plan"]["status"] == "Scheduled" and result["plan"]["total_instance_count"] == 2
     assert result["problems"] == ["AZ us-east-1b, not us-east-1a"]
     assert sagemaker.calls == ["DescribeTrainingPlan"]
+
+
+def test_show_existing_plan_that_fits_exits_0(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
+    sagemaker.stubber.add_response(
+        "describe_training_plan",
+        described_plan("team-plan", status="Active"),
+        {"TrainingPlanName": plan_arn("team-plan")},
+    )
+
+    code, out, _ = btk(capsys, "capacity", "show", "--env", "team")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"team: existing training plan {plan_arn('team-plan')}"
+    assert lines[1] == "plan team-plan: Active"
+    assert lines[-1] == "fits the environment"
 
 
 def test_show_existing_plan_missing_exits_2(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:

@@ -204,6 +204,64 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(sage
     assert result["Data"]["Bought"] == "false"
 
 
+def test_a_lost_create_response_retried_into_resource_in_use_is_the_plan_bought_once(
+    sagemaker: StubbedSageMaker,
+) -> None:
+    # botocore retries CreateTrainingPlan after a read timeout; the first attempt had bought the plan,
+    # so the retry finds the name taken. The handler takes the plan of that name, buying nothing more.
+    expect_not_bought_yet(sagemaker)
+    sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
+    )
+    sagemaker.stubber.add_client_error(
+        "create_training_plan",
+        service_error_code="ResourceInUse",
+        service_message=f"Training plan {NAME} already exists",
+        http_status_code=400,
+        expected_params={"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
+    )
+    sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
+    )
+    sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
+
+    result = run(sagemaker, event("Create", RESERVE))
+
+    assert sagemaker.calls == [
+        "DescribeTrainingPlan",
+        "SearchTrainingPlanOfferings",
+        "CreateTrainingPlan",
+        "DescribeTrainingPlan",
+        "DescribeTrainingPlan",
+    ]
+    sagemaker.done()
+    assert result["PhysicalResourceId"] == plan_arn(NAME)
+    assert result["Data"]["Status"] == "Scheduled"
+
+
+def test_resource_in_use_without_a_plan_of_that_name_fails_with_one_line(sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(sagemaker)
+    sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
+    )
+    sagemaker.stubber.add_client_error(
+        "create_training_plan", service_error_code="ResourceInUse", service_message="offering\nis taken"
+    )
+    expect_not_bought_yet(sagemaker)
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        run(sagemaker, event("Create", RESERVE))
+
+    assert str(raised.value) == "CreateTrainingPlan failed: ResourceInUse: offering is taken"
+    assert sagemaker.calls == [
+        "DescribeTrainingPlan",
+        "SearchTrainingPlanOfferings",
+        "CreateTrainingPlan",
+        "DescribeTrainingPlan",
+    ]
+    sagemaker.done()
+
+
 def test_update_with_unchanged_inputs_is_a_no_op(sagemaker: StubbedSageMaker) -> None:
     # Raising the fee ceiling or re-approving is not a reason to buy: only the identity counts.
     new = {**RESERVE, "MaxUpfrontFee": "999999.0", "WaitSeconds": "300"}

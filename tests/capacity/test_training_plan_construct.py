@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -133,9 +134,23 @@ def test_reserve_role_may_only_search_create_describe_and_list_its_own_plans(res
     by_sid = {s["Sid"]: s for s in sagemaker}
     assert by_sid["SearchAndListPlans"]["Resource"] == "*"
     assert reserve.resolve(by_sid["BuyAndDescribeOwnPlans"]["Resource"]) == {
-        "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":sagemaker:{REGION}:{ACCOUNT}:training-plan/btk-prod-*"]]
+        "Fn::Join": [
+            "",
+            ["arn:", {"Ref": "AWS::Partition"}, f":sagemaker:{REGION}:{ACCOUNT}:training-plan/btk-prod-????????"],
+        ]
     }
     assert all(s["Effect"] == "Allow" for s in statements)
+
+
+@pytest.mark.parametrize("env_name", ["prod", "a--b", "ml-"])
+def test_the_role_may_buy_exactly_the_environments_plan_names(tmp_path: Path, env_name: str) -> None:
+    """IAM's ``?`` is one character: the pattern takes this env's plan names, not env ``<name>-x``'s."""
+    synth = Synth(environment(RESERVE, name=env_name), tmp_path, nag=False)
+    statement = next(s for s in synth.role_statements("HandlerRole") if s.get("Sid") == "BuyAndDescribeOwnPlans")
+    pattern = synth.resolve(statement["Resource"])["Fn::Join"][1][-1].rsplit("training-plan/", 1)[1]
+    assert fnmatch.fnmatchcase(synth.plan.plan_name or "", pattern)
+    longer = environment(RESERVE, name=env_name.rstrip("-") + "-x")
+    assert not fnmatch.fnmatchcase(capacity.reservation_request(longer).plan_name(), pattern)
 
 
 def test_existing_role_may_only_describe_the_configured_plan(existing: Synth) -> None:
