@@ -8,6 +8,7 @@ to the real workflows and to deliberately broken copies (so each rule is shown t
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ LONG_LIVED_KEYS = re.compile(
     r"AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|aws-access-key-id|aws-secret-access-key|aws-session-token"
 )
 SECRET_REFERENCE = re.compile(r"secrets\.([A-Za-z0-9_]+)|secrets\[")
+#: PyTorch's CPU-only wheel index: PyPI's Linux torch wheel pulls several GB of CUDA libraries.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def load_workflow(path: Path) -> dict[str, Any]:
@@ -221,5 +224,41 @@ def workflow_problems(name: str, workflow: Mapping[str, Any], text: str) -> list
         if match.group(1) != "GITHUB_TOKEN":
             problems.append(
                 f"{name}: reads secret {match.group(0)}: CI needs no stored secret; use a variable and OIDC"
+            )
+    return problems
+
+
+def torch_pin(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
+    """The ``torch==X`` requirement of the ``trainer`` extra (what ``make setup`` installs)."""
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["trainer"]
+    pins = [str(item) for item in extras if re.match(r"^torch\s*==", str(item))]
+    if len(pins) != 1:
+        raise ValueError(f"pyproject.toml: the trainer extra pins torch {len(pins)} times, expected once")
+    return pins[0].replace(" ", "")
+
+
+def cpu_torch_problems(name: str, workflow: Mapping[str, Any], pin: str) -> list[str]:
+    """Every job that runs ``make test`` first installs ``pin`` from the CPU-only wheel index.
+
+    ``make setup`` then finds torch already satisfied (``X+cpu`` satisfies ``==X``) and does not
+    download the multi-GB CUDA build from PyPI on the runner.
+    """
+    problems: list[str] = []
+    for job_id, job in (workflow.get("jobs") or {}).items():
+        job_steps = steps(job)
+        runs = [str(step.get("run", "")) for step in job_steps]
+        make = next((i for i, command in enumerate(runs) if re.search(r"\bmake (test|setup|pytest)\b", command)), None)
+        if make is None:
+            continue
+        installs = [
+            i
+            for i, command in enumerate(runs[:make])
+            if f"--index-url {TORCH_CPU_INDEX}" in command and f'"{pin}"' in command and ".venv/bin/pip" in command
+        ]
+        if not installs:
+            problems.append(
+                f"{name}: job '{job_id}' runs make without the CPU torch first: add a step before it running "
+                f"`python -m venv .venv` and `.venv/bin/pip install --index-url {TORCH_CPU_INDEX} \"{pin}\"` "
+                "(the pin of pyproject.toml's trainer extra)"
             )
     return problems

