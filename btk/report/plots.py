@@ -106,5 +106,9 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
     plt = _pyplot()
     paths = [directory / name for name in CHART_FILES]
     for draw, path in zip((_cost_per_success, _predicted_vs_achieved, _capacity_wait), paths, strict=True):
-        draw(plt, report, path)
+        try:
+            draw(plt, report, path)
+        except OSError as error:
+            plt.close("all")
+            raise BtkError(f"--plot {directory}: cannot write {path.name} ({error.strerror or error})") from None
     return paths

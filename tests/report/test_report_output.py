@@ -15,6 +15,7 @@ from report_docs import DOC, blocks, current_blocks
 from report_fixtures import NOW, FakePredictor, fixture_report, queue_profile_history
 
 from btk.cli import build_parser, main
+from btk.errors import BtkError
 from btk.report import aws
 from btk.report.plots import CHART_FILES, write_plots
 from btk.report.render import render
@@ -86,6 +87,14 @@ def test_charts_of_an_empty_report_still_render(report: Report, tmp_path: Path) 
     empty = report.model_copy(update={"runs": [], "by_profile": {}})
     paths = write_plots(empty, tmp_path)
     assert all(path.stat().st_size > 0 for path in paths)
+
+
+def test_a_chart_that_cannot_be_written_is_one_line(report: Report, tmp_path: Path) -> None:
+    (tmp_path / CHART_FILES[1]).mkdir()  # a directory where the second PNG goes: savefig fails
+    with pytest.raises(BtkError) as raised:
+        write_plots(report, tmp_path)
+    assert str(raised.value).startswith(f"--plot {tmp_path}: cannot write {CHART_FILES[1]} (")
+    assert "\n" not in str(raised.value)
 
 
 def parse(*argv: str) -> argparse.Namespace:
