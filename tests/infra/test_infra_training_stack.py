@@ -348,13 +348,53 @@ def test_acknowledgement_needs_a_reason() -> None:
 # -- determinism ----------------------------------------------------------------------------
 
 
+#: Loaded by the synth process (PYTHONPATH): any IPv4/IPv6 connection attempt fails the synth.
+NO_NETWORK = """
+import socket
+_connect = socket.socket.connect
+def _refuse(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        raise OSError(f"network call during synth: {address}")
+    return _connect(self, address)
+socket.socket.connect = _refuse
+socket.socket.connect_ex = _refuse
+"""
+#: Credential sources the AWS SDKs would read; none may exist for an offline synth.
+CREDENTIAL_VARIABLES = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+
+
 def _synth_process(outdir: Path, env_name: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps({"env": env_name})}
+    """app.py as the CDK CLI runs it, with no AWS credentials and Python's network cut."""
+    guard = outdir.parent / "no-network"
+    guard.mkdir(exist_ok=True)
+    (guard / "sitecustomize.py").write_text(NO_NETWORK)
+    env = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_VARIABLES}
+    env.update({
+        "CDK_OUTDIR": str(outdir),
+        "CDK_CONTEXT_JSON": json.dumps({"env": env_name}),
+        "PYTHONPATH": str(guard),
+        "AWS_CONFIG_FILE": str(guard / "absent-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(guard / "absent-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    })
     return subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
 
 
+def test_network_guard_refuses_connections(tmp_path: Path) -> None:
+    """The control for the offline synths below: the guard really cuts the network."""
+    (tmp_path / "sitecustomize.py").write_text(NO_NETWORK)
+    probe = "import socket; socket.create_connection(('127.0.0.1', 9), timeout=1)"
+    result = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode != 0
+    assert "network call during synth" in result.stderr
+
+
 def test_two_synths_are_byte_identical(tmp_path: Path) -> None:
+    """Two offline synths (no credentials, no network) of staging give the same bytes."""
     first, second = tmp_path / "a", tmp_path / "b"
     for outdir in (first, second):
         result = _synth_process(outdir, "staging")
