@@ -12,7 +12,7 @@ from pathlib import Path
 import botocore.session
 import pytest
 from botocore.exceptions import NoCredentialsError
-from conftest import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, offering, plan_arn
+from capacity_fixtures import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, offering, plan_arn
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import ACCOUNT, AZ, REGION, START, StubbedSageMaker, described_plan, offering, plan_arn
+from capacity_fixtures import ACCOUNT, AZ, REGION, START, StubbedSageMaker, described_plan, offering, plan_arn
 
 from btk import capacity, catalog
 from btk.cli import main

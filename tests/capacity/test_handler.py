@@ -8,7 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, load_handler, offering, plan_arn
+from capacity_fixtures import (
+    AZ,
+    INSTANCE,
+    START,
+    FakeClock,
+    StubbedSageMaker,
+    described_plan,
+    load_handler,
+    offering,
+    plan_arn,
+)
 
 from btk import capacity
 

@@ -14,7 +14,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match, Template
-from conftest import ACCOUNT, REGION
+from capacity_fixtures import ACCOUNT, REGION
 
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCapacity, ReservePlanCapacity
