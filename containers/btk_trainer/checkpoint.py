@@ -9,11 +9,18 @@ to S3 and restores on restart)::
         COMPLETE                       written last, before the rename
     .step_00000130.tmp/       being written (or left by a crash): ignored, cleaned up
 
-Protocol: every rank writes into the hidden temp directory; after a barrier each node's
-local rank 0 writes ``COMPLETE`` and renames the directory to ``step_XXXXXXXX`` (a rename
-is atomic on one file system; on a shared one the first node wins). Only directories with
+Protocol: every rank writes into the hidden temp directory; after a barrier global rank 0
+writes ``COMPLETE`` and renames the directory to ``step_XXXXXXXX`` (a rename is atomic on one
+file system); after a second barrier the local rank 0 of every other node does the same if
+its temp directory still exists, i.e. if ``/opt/ml/checkpoints`` is node-local (SageMaker's
+default: each node's files go to the same S3 prefix). On a shared file system (FSx) the
+directory is gone by then, so no two nodes race on one rename. Only directories with
 ``COMPLETE`` count, so a checkpoint cut short by a kill is never resumed from. The last
 ``keep`` complete checkpoints are kept.
+
+On start every rank lists its complete checkpoints and all ranks resume from the newest step
+that *every* rank sees (:func:`agreed_latest_checkpoint`): node-local directories restored
+from S3 can differ when a node was cut off mid-upload.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from btk.errors import BtkError
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -52,6 +61,30 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(root: Path) -> tuple[int, Path] | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
+
+
+def agreed_latest_checkpoint(root: Path) -> tuple[int, Path] | None:
+    """The newest checkpoint complete in every rank's view of ``root``; collective over all ranks.
+
+    Raises:
+        BtkError: some rank has checkpoints but no step is complete on all of them (resuming
+            from nothing would silently restart training and overwrite them).
+    """
+    mine = [step for step, _ in complete_checkpoints(root)]
+    views: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    steps = [set(view or []) for view in views]
+    common = set.intersection(*steps)
+    if common:
+        step = max(common)
+        return step, root / step_dir_name(step)
+    if any(steps):
+        counts = sorted({len(view) for view in steps})
+        raise BtkError(
+            f"checkpoints under {root} differ across ranks (some see none of the others' steps; "
+            f"per-rank counts {counts}); restore the same checkpoint prefix on every node or use a fresh one"
+        )
+    return None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -81,9 +114,12 @@ def save(
     rank = dist.get_rank()
     final = root / step_dir_name(step)
     temporary = root / f".{step_dir_name(step)}.tmp"
-    if local_rank == 0:
+    if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+    dist.barrier()
+    if local_rank == 0 and rank != 0:  # node-local directories (on a shared FS it exists already)
         temporary.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -91,18 +127,23 @@ def save(
     dcp.save(state, checkpoint_id=str(temporary))  # type: ignore[attr-defined]
     torch.save(_rng_state(), temporary / f"rng_rank{rank:05d}.pt")
     dist.barrier()
-    if local_rank == 0:
-        (temporary / COMPLETE).write_text(json.dumps({"step": step}) + "\n")
-        try:
-            if final.exists():  # a re-save of the same step (or another node on a shared FS won)
-                shutil.rmtree(final) if not (final / COMPLETE).is_file() else shutil.rmtree(temporary)
-            if temporary.exists():
-                temporary.rename(final)
-        except FileNotFoundError:
-            pass
+    if rank == 0:
+        _finalize(temporary, final, step)
+        _prune(root, keep)
+    dist.barrier()
+    if local_rank == 0 and rank != 0 and temporary.is_dir():  # this node's own (node-local) directory
+        _finalize(temporary, final, step)
         _prune(root, keep)
     dist.barrier()
     return final
+
+
+def _finalize(temporary: Path, final: Path, step: int) -> None:
+    """Mark ``temporary`` complete and rename it to ``final`` (replacing a re-save of the same step)."""
+    (temporary / COMPLETE).write_text(json.dumps({"step": step}) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    temporary.rename(final)
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -141,6 +141,7 @@ def build_launch(
     data_dir: Path | None = None,
     synthetic_data: bool = False,
     master_port: int = DEFAULT_MASTER_PORT,
+    failure_file: Path = DEFAULT_FAILURE_FILE,
 ) -> LaunchPlan:
     """Validate the job and build the torchrun command; raises BtkError with one line."""
     cluster = read_cluster(config_dir)
@@ -172,6 +173,7 @@ def build_launch(
         f"--checkpoint-dir={checkpoint_dir}",
         f"--model-dir={model_dir}",
         f"--nnodes={nnodes}",
+        f"--failure-file={failure_file}",
     ]
     if data is not None:
         command.append(f"--data-dir={data}")
@@ -206,15 +208,22 @@ def run(plan: LaunchPlan) -> int:
     whose own SIGTERM path would kill them after a fixed 30 s grace.
     """
     env = {**os.environ, **plan.env}
-    launcher = subprocess.Popen(plan.command, env=env)
+    pending: list[int] = []
+    launcher: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        if launcher is None:  # before torchrun started: pass it on once it has
+            pending.append(signum)
+            return
         workers = _children(launcher.pid)
         for pid in workers or [launcher.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGTERM, forward)  # before Popen: an early stop must not kill this process
+    launcher = subprocess.Popen(plan.command, env=env)
+    if pending:
+        forward(pending[0], None)
     return launcher.wait()
 
 
@@ -243,7 +252,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args = parser.parse_args(argv)
     try:
         plan = build_launch(args.config_dir, env, data_dir=args.data_dir, synthetic_data=args.synthetic_data,
-                            master_port=args.master_port)
+                            master_port=args.master_port, failure_file=args.failure_file)
     except BtkError as error:
         return _fail(str(error), args.failure_file)
     if args.dry_run:

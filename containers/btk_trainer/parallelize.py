@@ -23,7 +23,7 @@ from btk.knobs import TrainingKnobs
 from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import Decoder, eager_cross_entropy
 
-__all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "mesh_shape", "parallelize"]
+__all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "float8_all_gather_enabled", "mesh_shape", "parallelize"]
 
 MIN_FP8_CAPABILITY = (8, 9)  # Ada/Hopper and newer have fp8 tensor cores
 MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell
@@ -55,6 +55,15 @@ def check_precision(precision: str, capability: tuple[int, int] | None) -> None:
         )
     if capability < MIN_FP8_CAPABILITY:
         raise BtkError(f"precision={precision} needs compute capability >= 8.9 (Hopper/Blackwell), this GPU is {found}")
+
+
+def float8_all_gather_enabled(precision: str, shape: MeshShape) -> bool:
+    """Whether FSDP all-gathers float8 weights (tensorwise scaling and a sharded data-parallel dim).
+
+    Then the trainer calls torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after every
+    optimizer step, as torchtitan does.
+    """
+    return precision == "fp8_tensorwise" and shape.dp_shard > 1
 
 
 def _low_precision_filter(module: nn.Module, fqn: str) -> bool:
@@ -221,7 +230,8 @@ def parallelize(
     (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes).
     """
     check_precision(knobs.precision, capability)
-    apply_low_precision(model, knobs.precision, fsdp_float8_all_gather=shape.dp_shard > 1)
+    apply_low_precision(model, knobs.precision,
+                        fsdp_float8_all_gather=float8_all_gather_enabled(knobs.precision, shape))
     if shape.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], knobs.precision)
     apply_activation_checkpointing(model, knobs.activation_checkpointing)

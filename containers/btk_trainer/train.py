@@ -38,7 +38,13 @@ from btk_trainer import checkpoint
 from btk_trainer.data import ResumableSampler, TokenShards, next_batch
 from btk_trainer.entrypoint import load_hyperparameters
 from btk_trainer.model import Decoder, export_hf, load_safetensors
-from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
+from btk_trainer.parallelize import (
+    build_mesh,
+    data_parallel_rank,
+    float8_all_gather_enabled,
+    mesh_shape,
+    parallelize,
+)
 
 GIB = 1024**3
 STOP_AT_STEP_ENV = "BTK_TEST_SIGTERM_AT_STEP"  # test hook: each rank signals itself after this step
@@ -143,6 +149,37 @@ class _StopFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
+def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping (a plain tensor).
+
+    ``torch.nn.utils.clip_grad_norm_`` stacks the per-parameter norms, which fails when the
+    gradients are DTensors on different meshes: with ``tensor_parallel > 1`` the blocks'
+    linears live on the (dp_shard, tp) mesh and the norms/embeddings on the dp_shard mesh.
+    Here each mesh's norm is reduced over its own mesh first, then the squares are summed.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    groups: dict[Any, list[torch.nn.Parameter]] = {}
+    for parameter in parameters:
+        if parameter.grad is not None:
+            key = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
+            groups.setdefault(key, []).append(parameter)
+    if not groups:
+        return torch.zeros(())
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)  # type: ignore[misc]
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = norms[0] if len(norms) == 1 else torch.stack([n.float() for n in norms]).square().sum().sqrt()
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for mesh, group in groups.items():
+        grads = [p.grad for p in group]
+        factor = coefficient if mesh is None else DTensor.from_local(
+            coefficient, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        torch._foreach_mul_(grads, factor)  # type: ignore[arg-type]
+    return total
+
+
 def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int
 ) -> torch.Tensor:
@@ -198,26 +235,32 @@ def load_pretrained(model: Decoder, directory: Path) -> None:
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-def _setup_distributed(device_type: str) -> None:
+def _setup_distributed(device: torch.device) -> None:
+    """Join the process group; on CUDA bound to this rank's GPU (eager NCCL init, correct barriers)."""
     if dist.is_initialized():
         return
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend)
+    if device.type == "cuda":
+        dist.init_process_group(backend="nccl", device_id=device)
+    else:
+        dist.init_process_group(backend="gloo")
 
 
 def train(config: RunConfig) -> RunResult:
     """Run (or resume) training; the process group must be initialised or be initialisable from env."""
     spec, knobs = config.spec, config.spec.knobs
     device_type = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    _setup_distributed(device_type)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    # The GPU is chosen before the process group exists, so NCCL binds to it (not to GPU 0).
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))  # torchrun sets both
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         capability: tuple[int, int] | None = torch.cuda.get_device_capability(device)
     else:
         device, capability = torch.device("cpu"), None
+    _setup_distributed(device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if "LOCAL_RANK" not in os.environ and device_type != "cuda":
+        local_rank = rank
     on_gpu = device.type == "cuda"
     param_dtype = getattr(torch, config.param_dtype or ("bfloat16" if on_gpu else "float32"))
     shape = mesh_shape(world, config.nnodes, knobs)
@@ -264,7 +307,7 @@ def train(config: RunConfig) -> RunResult:
 
     start_step, resumed_from = 0, None
     if config.checkpoint_dir is not None:
-        latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
+        latest = checkpoint.agreed_latest_checkpoint(config.checkpoint_dir)
         if latest is not None:
             trainer_state = checkpoint.load(latest[1], model, optimizer)
             sampler.load_state_dict(trainer_state["sampler"])
@@ -291,6 +334,9 @@ def train(config: RunConfig) -> RunResult:
                         local_rank=local_rank, keep=spec.job.keep_last_checkpoints)
         last_saved = step
 
+    precompute_float8_scales = float8_all_gather_enabled(knobs.precision, shape)
+    if precompute_float8_scales:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
     window_start, window_steps = time.perf_counter(), 0
@@ -302,10 +348,11 @@ def train(config: RunConfig) -> RunResult:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             loss_sum = forward_backward(model, windows, sampler, device, knobs.gradient_accumulation_steps)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), intent.max_grad_norm, foreach=True)
+            grad_norm = clip_grad_norm(list(model.parameters()), intent.max_grad_norm)
             optimizer.step()
-            result.grad_norms[step] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
-                                            else grad_norm)
+            if precompute_float8_scales:  # one all-reduce for every fp8 weight's scale, not one per weight
+                precompute_float8_dynamic_scale_for_fsdp(model)
+            result.grad_norms[step] = float(grad_norm)
             result.steps_done = step
             window_steps += 1
 
@@ -368,6 +415,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--model-dir", type=Path, default=None)
     parser.add_argument("--nnodes", type=int, default=int(os.environ.get("BTK_NNODES", "1")))
+    parser.add_argument("--failure-file", type=Path, default=None,
+                        help="write a user error here as one line (SageMaker: /opt/ml/output/failure)")
     return parser.parse_args(argv)
 
 
@@ -378,7 +427,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = train(RunConfig(spec=spec, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:
-        print(f"btk: error: {error}", file=sys.stderr, flush=True)
+        line = f"btk: error: {error}"
+        print(line, file=sys.stderr, flush=True)
+        if args.failure_file is not None:
+            try:
+                args.failure_file.parent.mkdir(parents=True, exist_ok=True)
+                args.failure_file.write_text(line + "\n")
+            except OSError:
+                pass
         return 2
     finally:
         if dist.is_initialized():

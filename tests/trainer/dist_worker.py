@@ -113,6 +113,102 @@ def check_init_from(workdir: Path) -> dict[str, Any]:
     }
 
 
+def check_tp_training(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Full train() steps (clipping included) with TP=2 equal the data-parallel run on the same windows."""
+    from btk_trainer.train import RunConfig, train
+
+    plain = train(RunConfig(spec=spec_for(workdir), data_dir=data_dir, max_steps=3, device="cpu", return_state=True))
+    tp = train(RunConfig(spec=spec_for(workdir, tensor_parallel=2, micro_batch_size=4), data_dir=data_dir,
+                         max_steps=3, device="cpu", return_state=True))
+    a, b = plain.final_state or {}, tp.final_state or {}
+    return {
+        "grad_norms": [[plain.grad_norms[s], tp.grad_norms[s]] for s in sorted(plain.grad_norms)],
+        "loss_diff": max(abs(plain.losses[s] - tp.losses[s]) for s in plain.losses),
+        "max_weight_diff": max(float((a[k] - b[k]).abs().max()) for k in a) if a else -1.0,
+        "keys_match": sorted(a) == sorted(b),
+    }
+
+
+def check_low_precision_construction() -> dict[str, Any]:
+    """fp8_tensorwise (fp8 all-gather over 2 shards) and mxfp8 survive meta -> FSDP2 -> to_empty -> init.
+
+    Only the construction: the fp8 matmuls need a GPU (float8 on CPU is a capability error).
+    """
+    from btk_trainer.model import Decoder
+    from btk_trainer.parallelize import build_mesh, float8_all_gather_enabled, mesh_shape, parallelize
+    from btk_trainer.train import init_parameters
+    from conftest import tiny_llama
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, Any] = {}
+    for precision in ("fp8_tensorwise", "mxfp8"):
+        knobs = TrainingKnobs(micro_batch_size=1, seq_len=32, precision=precision, compile=False, fused_loss=False)
+        shape = mesh_shape(dist.get_world_size(), 1, knobs)
+        with torch.device("meta"):
+            model = Decoder(tiny_llama())
+        parallelize(model, knobs, build_mesh(shape, "cpu"), shape, param_dtype=torch.bfloat16, capability=(10, 0),
+                    compile_enabled=False, fused_loss_enabled=False)
+        model.to_empty(device="cpu")
+        init_parameters(model, seed=5)
+        block = model.model.layers[0].mlp.up_proj.weight
+        head = model.lm_head.weight
+        out[precision] = {
+            "block_local": type(block.to_local() if isinstance(block, DTensor) else block).__name__,
+            "head_local": type(head.to_local() if isinstance(head, DTensor) else head).__name__,
+            "block_std": float(block.full_tensor().float().std()),
+            "all_gather_fp8": float8_all_gather_enabled(precision, shape),
+        }
+    return out
+
+
+def check_checkpoint_protocol(workdir: Path) -> dict[str, Any]:
+    """Two 'nodes' (both local rank 0): a shared checkpoint directory and node-local ones; agreement."""
+    from btk_trainer import checkpoint
+    from torch.distributed.fsdp import fully_shard
+
+    from btk.errors import BtkError
+
+    rank = dist.get_rank()
+    model = fully_shard(torch.nn.Linear(8, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    shared = workdir / "ckpt_shared"
+    for step in (1, 2, 3):
+        checkpoint.save(shared, step, model, optimizer, {"step": step}, local_rank=0, keep=2)
+    node = workdir / f"ckpt_node{rank}"
+    for step in (1, 2):
+        checkpoint.save(node, step, model, optimizer, {"step": step}, local_rank=0, keep=2)
+    dist.barrier()
+    listing = {
+        "shared": sorted(p.name for p in shared.iterdir()),
+        "node0": sorted(p.name for p in (workdir / "ckpt_node0").iterdir()),
+        "node0_files": sorted(p.name for p in (workdir / "ckpt_node0" / "step_00000002").iterdir()),
+        "node1_files": sorted(p.name for p in (workdir / "ckpt_node1" / "step_00000002").iterdir()),
+    }
+    agreed = checkpoint.agreed_latest_checkpoint(shared)
+    # Rank 1's node lost its newest checkpoint (cut off mid-upload): both ranks resume from step 1.
+    if rank == 1:
+        (node / checkpoint.step_dir_name(2) / checkpoint.COMPLETE).unlink()
+    dist.barrier()
+    partial = checkpoint.agreed_latest_checkpoint(node)
+    if rank == 1:
+        (node / checkpoint.step_dir_name(1) / checkpoint.COMPLETE).unlink()
+    dist.barrier()
+    try:
+        checkpoint.agreed_latest_checkpoint(node)
+        disjoint = "no error"
+    except BtkError as error:
+        disjoint = str(error)
+    return {
+        **listing,
+        "shared_complete": [s for s, _ in checkpoint.complete_checkpoints(shared)],
+        "agreed_shared": agreed[0] if agreed else None,
+        "agreed_partial": partial[0] if partial else None,
+        "disjoint_error": disjoint,
+    }
+
+
 def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     """Loss falls; parameters are sharded; AC modes and grad accumulation give the same gradients."""
     from btk_trainer.train import RunConfig, train
@@ -142,6 +238,9 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["init_from"] = check_init_from(workdir)
     out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
                               "loss_diff": abs(tp_loss - ref_loss)}
+    out["tp_training"] = check_tp_training(workdir, data_dir)
+    out["low_precision"] = check_low_precision_construction()
+    out["checkpoint_protocol"] = check_checkpoint_protocol(workdir)
     return out
 
 
@@ -158,13 +257,16 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     stops = sorted(random.Random(seed).sample(range(1, steps), 3))
     for stop in stops:
         ckpt = workdir / f"ckpt_{stop}"
+        # Only rank 0 gets the signal (nodes see SIGTERM at different times): every rank must stop with it.
         first = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
-                                checkpoint_dir=ckpt, stop_at_step=stop))
+                                checkpoint_dir=ckpt, stop_at_step=stop if dist.get_rank() == 0 else None))
+        views: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(views, [first.interrupted, first.steps_done])
         second = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
                                  checkpoint_dir=ckpt, model_dir=workdir / f"model_{stop}", return_state=True))
         final = second.final_state or {}
         out["runs"].append({
-            "stop": stop, "interrupted": first.interrupted, "first_steps": first.steps_done,
+            "stop": stop, "interrupted": first.interrupted, "first_steps": first.steps_done, "ranks": views,
             "resumed_from": second.resumed_from, "steps": second.steps_done,
             "kept": [step for step, _ in complete_checkpoints(ckpt)],
             "losses_after": {str(k): v for k, v in second.losses.items()},

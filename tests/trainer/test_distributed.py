@@ -56,7 +56,8 @@ def test_loss_falls(core: dict[str, Any]) -> None:
 def test_metric_lines_parse(core: dict[str, Any]) -> None:
     from btk.metrics import parse_metric_line
 
-    parsed = [parse_metric_line(line) for line in core["stdout"].splitlines() if line.startswith("btk_metric")]
+    lines = [line for line in core["stdout"].splitlines() if line.startswith("btk_metric")][:25]  # the first run
+    parsed = [parse_metric_line(line) for line in lines]
     assert [p["step"] for p in parsed if p] == list(range(1, 26))
     assert all(p and p["tokens_per_second_per_gpu"] > 0 and p["mfu"] == 0.0 for p in parsed)
 
@@ -89,6 +90,7 @@ def test_sigterm_and_resume_is_bit_identical(dataset: Path, tmp_path: Path, seed
     assert len(result["runs"]) == 3
     for run in result["runs"]:
         assert run["interrupted"] and run["first_steps"] == run["stop"]
+        assert run["ranks"] == [[True, run["stop"]]] * 2  # rank 1 stopped with rank 0, unsignalled
         assert run["resumed_from"] == run["stop"] and run["steps"] == 8
         assert run["bit_identical"], run
         assert run["exported"] == ["config.json", "model.safetensors"]
@@ -96,6 +98,40 @@ def test_sigterm_and_resume_is_bit_identical(dataset: Path, tmp_path: Path, seed
         assert run["kept"] == sorted({3, 6, run["stop"]})[-2:]
         for step, loss in run["losses_after"].items():
             assert loss == result["straight_losses"][step]
+
+
+def test_tensor_parallel_training_steps_match_data_parallel(core: dict[str, Any]) -> None:
+    """train() with TP=2: gradient clipping over DTensors on two meshes works and changes nothing."""
+    result = core["tp_training"]
+    assert len(result["grad_norms"]) == 3 and result["keys_match"]
+    assert all(plain > 1.0 for plain, _ in result["grad_norms"])  # max_grad_norm=1.0: clipping is active
+    assert all(abs(plain - tp) <= 1e-5 for plain, tp in result["grad_norms"])
+    assert result["loss_diff"] <= 1e-5
+    assert 0.0 <= result["max_weight_diff"] <= 1e-4
+
+
+def test_low_precision_construction_under_fsdp(core: dict[str, Any]) -> None:
+    result = core["low_precision"]
+    assert result["fp8_tensorwise"]["block_local"] == "WeightWithDynamicFloat8CastTensor"
+    assert result["fp8_tensorwise"]["all_gather_fp8"] is True
+    assert result["mxfp8"]["block_local"] == "MXFP8TrainingWeightWrapperTensor"
+    assert result["mxfp8"]["all_gather_fp8"] is False
+    for precision in ("fp8_tensorwise", "mxfp8"):
+        assert result[precision]["head_local"] == "Tensor"  # the head stays in bf16
+        assert 0.015 < result[precision]["block_std"] < 0.025  # initialised through the wrapper (std 0.02)
+
+
+def test_checkpoint_protocol_shared_and_node_local(core: dict[str, Any]) -> None:
+    result = core["checkpoint_protocol"]
+    # Shared directory, two 'nodes' each local rank 0: one rename, no leftovers, keep=2.
+    assert result["shared"] == ["step_00000002", "step_00000003"]
+    assert result["shared_complete"] == [2, 3] and result["agreed_shared"] == 3
+    # Node-local directories: each node finalises its own; only the coordinator writes .metadata.
+    assert result["node0"] == ["step_00000001", "step_00000002"]
+    assert ".metadata" in result["node0_files"] and ".metadata" not in result["node1_files"]
+    assert "COMPLETE" in result["node1_files"] and "rng_rank00001.pt" in result["node1_files"]
+    assert result["agreed_partial"] == 1  # the newest step every rank has
+    assert "differ across ranks" in result["disjoint_error"]
 
 
 def test_init_from_hugging_face_loads_into_sharded_model(core: dict[str, Any]) -> None:

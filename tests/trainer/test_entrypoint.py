@@ -36,6 +36,7 @@ def test_one_node(data_dir: Path) -> None:
     assert args["hyperparameters"] == str(FIXTURES / "one_node" / "hyperparameters.json")
     assert args["data-dir"] == str(data_dir) and args["model-dir"] == "/opt/ml/model"
     assert args["checkpoint-dir"] == "/opt/ml/checkpoints"
+    assert args["failure-file"] == "/opt/ml/output/failure"  # the trainer's own one-line errors land there too
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert plan.spec.knobs.precision == "mxfp8" and plan.spec.knobs.tensor_parallel == 2
 
@@ -129,3 +130,15 @@ def test_malformed_job_exits_before_importing_torch(tmp_path: Path, data_dir: Pa
     )
     assert completed.returncode == 2, completed.stderr
     assert completed.stderr.strip().count("\n") == 0 and "precision" in completed.stderr
+
+
+def test_trainer_writes_its_error_to_the_failure_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An error found inside the trainer (here: bad hyperparameters) becomes SageMaker's failure reason."""
+    from btk_trainer.train import main as train_main
+
+    config = _copy(tmp_path, micro_batch_size="-1")
+    failure = tmp_path / "out" / "failure"
+    code = train_main(["--hyperparameters", str(config / "hyperparameters.json"), "--failure-file", str(failure)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "micro_batch_size" in err
+    assert failure.read_text() == err
