@@ -185,21 +185,30 @@ class TrainingObservability(Construct):
                 conditions={"ArnEquals": {"aws:SourceArn": rule_arns}},
             )
         )
+        # EventBridge creates the log stream without a source-rule context, so aws:SourceArn can
+        # only guard PutLogEvents (a condition on CreateLogStream makes every delivery fail).
+        event_writers = [
+            iam.ServicePrincipal("events.amazonaws.com"),
+            iam.ServicePrincipal("delivery.logs.amazonaws.com"),
+        ]
         logs.ResourcePolicy(
             self,
             "EventLogPolicy",
             resource_policy_name=f"btk-{env.name}-training-events",
             policy_statements=[
                 iam.PolicyStatement(
+                    sid="EventBridgeCreatesStreams",
+                    principals=event_writers,
+                    actions=["logs:CreateLogStream"],
+                    resources=[self.event_log_group.log_group_arn],
+                ),
+                iam.PolicyStatement(
                     sid="EventBridgeWritesFailures",
-                    principals=[
-                        iam.ServicePrincipal("events.amazonaws.com"),
-                        iam.ServicePrincipal("delivery.logs.amazonaws.com"),
-                    ],
-                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    principals=event_writers,
+                    actions=["logs:PutLogEvents"],
                     resources=[self.event_log_group.log_group_arn],
                     conditions={"ArnEquals": {"aws:SourceArn": rule_arns}},
-                )
+                ),
             ],
         )
         self.dashboard = self._dashboard(props)

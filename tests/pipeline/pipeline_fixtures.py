@@ -158,6 +158,10 @@ def fake_value(template: dict[str, Any], logical_id: str, attribute: str | None)
         return FAKE_MOUNT_NAME if attribute == "LustreMountName" else FAKE_FILE_SYSTEM_ID
     if kind == "AWS::SNS::Topic":
         return f"arn:aws:sns:{REGION}:{ACCOUNT}:{logical_id}"
+    if kind == "AWS::Logs::LogGroup":
+        return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{logical_id}:*"
+    if kind == "AWS::Events::Rule":
+        return f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{logical_id}"
     raise AssertionError(f"no fake value for {kind} {logical_id}.{attribute}")
 
 

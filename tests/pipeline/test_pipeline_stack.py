@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -311,6 +312,24 @@ def test_event_log_group_has_environment_retention_and_key(staging: dict[str, An
     assert len(groups) == 1
     assert groups[0]["Properties"]["RetentionInDays"] == environments.STAGING.log_retention_days
     assert "KmsKeyId" in groups[0]["Properties"]
+
+
+def test_event_log_policy_lets_only_the_failure_rules_put_events(staging: dict[str, Any]) -> None:
+    (policy,) = _resources(staging, "AWS::Logs::ResourcePolicy")
+    document = json.loads(fx.resolve(staging, policy["Properties"]["PolicyDocument"]))
+    by_action = {statement["Action"]: statement for statement in document["Statement"]}
+    assert set(by_action) == {"logs:CreateLogStream", "logs:PutLogEvents"}
+    (group_id,) = [lid for lid, r in staging["Resources"].items()
+                   if r["Type"] == "AWS::Logs::LogGroup"
+                   and r["Properties"].get("LogGroupName") == "/btk/staging/training-events"]
+    for statement in by_action.values():
+        assert statement["Principal"] == {"Service": ["events.amazonaws.com", "delivery.logs.amazonaws.com"]}
+        assert statement["Resource"] == f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:{group_id}:*"
+    # EventBridge creates streams with no source-rule context: a SourceArn condition there blocks delivery.
+    assert "Condition" not in by_action["logs:CreateLogStream"]
+    rules = sorted(f"arn:aws:events:{fx.REGION}:{fx.ACCOUNT}:rule/{lid}"
+                   for lid, r in staging["Resources"].items() if r["Type"] == "AWS::Events::Rule")
+    assert sorted(by_action["logs:PutLogEvents"]["Condition"]["ArnEquals"]["aws:SourceArn"]) == rules
 
 
 def test_dashboard_has_metrics_per_profile_and_pipeline_outcomes(staging: dict[str, Any]) -> None:
