@@ -181,14 +181,20 @@ def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) ->
 
 
 def forward_backward(
-    model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int
+    model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
+    *, defer_all_reduce: bool = False,
 ) -> torch.Tensor:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
+    ``defer_all_reduce`` (replicated mesh dim: ``hybrid_shard`` across nodes, ``no_shard``):
+    FSDP2 still reduce-scatters every micro-batch inside the shard group but all-reduces across
+    the replicas only after the last one, instead of crossing the inter-node network every time.
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
     loss_sum = torch.zeros((), device=device)
-    for _ in range(accumulation):
+    for micro in range(accumulation):
+        if defer_all_reduce:
+            model.set_requires_all_reduce(micro == accumulation - 1)  # type: ignore[operator]
         inputs, targets = next_batch(windows, sampler, device)  # type: ignore[arg-type]
         loss = model(inputs, targets) / accumulation
         loss.backward()
@@ -347,7 +353,8 @@ def train(config: RunConfig) -> RunResult:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = forward_backward(model, windows, sampler, device, knobs.gradient_accumulation_steps)
+            loss_sum = forward_backward(model, windows, sampler, device, knobs.gradient_accumulation_steps,
+                                        defer_all_reduce=shape.dp_replicate > 1)
             grad_norm = clip_grad_norm(list(model.parameters()), intent.max_grad_norm)
             optimizer.step()
             if precompute_float8_scales:  # one all-reduce for every fp8 weight's scale, not one per weight

@@ -69,7 +69,8 @@ def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch
     dp_rank, dp_size = data_parallel_rank(mesh)
     sampler = ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=dp_rank,
                                dp_size=dp_size, seed=spec.job.seed)
-    loss = forward_backward(model, windows, sampler, torch.device("cpu"), knobs.gradient_accumulation_steps)
+    loss = forward_backward(model, windows, sampler, torch.device("cpu"), knobs.gradient_accumulation_steps,
+                            defer_all_reduce=shape.dp_replicate > 1)
     dist.all_reduce(loss)
     grads = {}
     for name, parameter in model.named_parameters():
@@ -228,6 +229,15 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
         }
     big, big_loss, _ = grads_for(spec_for(workdir, micro_batch_size=2, gradient_accumulation_steps=1), data_dir)
     acc, acc_loss, _ = grads_for(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2), data_dir)
+    # no_shard is the replicated mesh dim (as hybrid_shard across nodes): all-reduce deferred to the last
+    # micro-batch must still give the full-shard gradients.
+    replicated, replicated_loss, replicated_sharded = grads_for(
+        spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2, sharding="no_shard"), data_dir)
+    out["no_shard_accumulation"] = {
+        "max_abs_diff": max(float((replicated[k] - acc[k]).abs().max()) for k in acc),
+        "loss_diff": abs(replicated_loss - acc_loss),
+        "sharded": replicated_sharded,
+    }
     out["accumulation"] = {
         "max_abs_diff": max(float((acc[k] - big[k]).abs().max()) for k in big),
         "max_abs_grad": max(float(big[k].abs().max()) for k in big),
@@ -244,9 +254,19 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     return out
 
 
+def _exported_names(directory: Path) -> list[str]:
+    from safetensors import safe_open
+
+    if not (directory / "model.safetensors").is_file():
+        return []
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+        return sorted(handle.keys())
+
+
 def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     """SIGTERM at random steps, resume, compare final weights with an uninterrupted run."""
     from btk_trainer.checkpoint import complete_checkpoints
+    from btk_trainer.model import Decoder
     from btk_trainer.train import RunConfig, train
 
     steps = 8
@@ -275,6 +295,8 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
             "max_abs_diff": max((float((final[k] - reference[k]).abs().max()) for k in reference), default=-1.0),
             "exported": sorted(p.name for p in (workdir / f"model_{stop}").iterdir())
             if (workdir / f"model_{stop}").is_dir() else [],
+            "exported_names_are_hf": _exported_names(workdir / f"model_{stop}") == sorted(
+                Decoder(spec.architecture).state_dict()),
         })
     out["straight_losses"] = {str(k): v for k, v in straight.losses.items()}
     return out

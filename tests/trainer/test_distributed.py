@@ -79,6 +79,13 @@ def test_gradient_accumulation_matches_one_big_batch(core: dict[str, Any]) -> No
     assert accumulation["loss_diff"] <= 1e-6
 
 
+def test_replicated_accumulation_defers_all_reduce_and_matches(core: dict[str, Any]) -> None:
+    """no_shard (HSDP with shard size 1), all-reduce only after the last micro-batch: same gradients."""
+    result = core["no_shard_accumulation"]
+    assert result["sharded"] is False
+    assert result["max_abs_diff"] <= 1e-6 and result["loss_diff"] <= 1e-6
+
+
 def test_tensor_parallel_matches_data_parallel(core: dict[str, Any]) -> None:
     assert core["tensor_parallel"]["max_abs_diff"] <= 1e-6
     assert core["tensor_parallel"]["loss_diff"] <= 1e-6
@@ -94,6 +101,7 @@ def test_sigterm_and_resume_is_bit_identical(dataset: Path, tmp_path: Path, seed
         assert run["resumed_from"] == run["stop"] and run["steps"] == 8
         assert run["bit_identical"], run
         assert run["exported"] == ["config.json", "model.safetensors"]
+        assert run["exported_names_are_hf"]  # no _checkpoint_wrapped_module / _orig_mod in the names
         # Saved every 3 steps and at the SIGTERM; only the newest two are kept.
         assert run["kept"] == sorted({3, 6, run["stop"]})[-2:]
         for step, loss in run["losses_after"].items():
