@@ -47,8 +47,9 @@ synth: setup
 
 ## synth-all: synthesize every environment into cdk.out/<env>
 synth-all: setup
+	rm -rf cdk.out/*/
 	for env in $$($(PY) -c 'import environments; print(" ".join(e.name for e in environments.ENVIRONMENTS))'); do
-	  $(CDK) synth TrainingStack -c env=$$env $(CDK_FLAGS) --quiet -o cdk.out/$$env
+	  env -u AWS_PROFILE AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= $(CDK) synth TrainingStack -c env=$$env $(CDK_FLAGS) --quiet -o cdk.out/$$env
 	done
 
 ## test: lint, type-check, unit and integration tests, infrastructure linters

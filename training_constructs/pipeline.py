@@ -150,6 +150,18 @@ class PipelineRole(Construct):
             actions += ["sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob",
                         "sagemaker:StopProcessingJob"]
         self.role.add_to_policy(iam.PolicyStatement(sid="RunJobs", actions=actions, resources=self.job_arns))
+        # "Plan user" permissions: a job started with a TrainingPlanArn uses that plan's
+        # reserved capacity. The plan is a run-time pipeline parameter, so any plan of this
+        # account and region may be named; using a plan buys nothing (CreateTrainingPlan is
+        # not granted here).
+        self.plan_arns = [stack.format_arn(service="sagemaker", resource="training-plan", resource_name="*")]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="UseTrainingPlans",
+                actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingPlan"],
+                resources=self.plan_arns,
+            )
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="TagJobsAtCreation",
@@ -180,6 +192,13 @@ class PipelineRole(Construct):
             self.job_arns,
             f"SageMaker Pipelines names each job at run time ({prefix}<profile>-<suffix>); create/describe/"
             "stop/tag are limited to this environment's job-name prefix",
+        )
+        acknowledge_wildcard_resources(
+            policy,
+            self.plan_arns,
+            "TrainingPlanArn is chosen when a pipeline execution starts, so a job may run on any training plan of "
+            "this account and region; CreateTrainingJob/DescribeTrainingPlan on a plan use its capacity, they "
+            "cannot buy or change one",
         )
 
     @property

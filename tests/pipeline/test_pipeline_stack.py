@@ -269,8 +269,16 @@ def test_pipeline_role_is_least_privilege(staging: dict[str, Any]) -> None:
         if "iam:PassRole" in actions:
             assert resources == [f"arn:aws:iam::{fx.ACCOUNT}:role/{_logical_id(staging, 'ExecutionRole')}"]
             assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
-        if "sagemaker:CreateTrainingJob" in actions:
+        if "sagemaker:CreateTrainingJob" in actions and statement.get("Sid") == "RunJobs":
             assert resources == [f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-job/btk-staging-*"]
+        if statement.get("Sid") == "UseTrainingPlans":
+            # Plan-user permissions: use (never buy) any plan of this account and region.
+            assert sorted(actions) == ["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingPlan"]
+            assert resources == [f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-plan/*"]
+    sids = {statement.get("Sid") for statement in statements}
+    assert {"RunJobs", "UseTrainingPlans", "PassExecutionRole"} <= sids
+    all_actions = {a for st in statements for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+    assert "sagemaker:CreateTrainingPlan" not in all_actions
     pipelines = _resources(staging, "AWS::SageMaker::Pipeline")
     pipeline_roles = {fx.resolve(staging, p["Properties"]["RoleArn"]) for p in pipelines}
     assert len(pipeline_roles) == 1
