@@ -29,7 +29,7 @@ from btk.profile import TrainingIntent  # noqa: E402
 
 
 def spec_for(workdir: Path, **knob_values: Any) -> JobHyperparameters:
-    from conftest import tiny_llama
+    from trainer_fixtures import tiny_llama
 
     job = knob_values.pop("job", {})
     knobs = TrainingKnobs(**{"micro_batch_size": 2, "seq_len": 32, "compile": False, "fused_loss": False,
@@ -85,7 +85,7 @@ def check_init_from(workdir: Path) -> dict[str, Any]:
     from btk_trainer.model import Decoder, export_hf
     from btk_trainer.parallelize import build_mesh, mesh_shape, parallelize
     from btk_trainer.train import load_pretrained
-    from conftest import tiny_qwen
+    from trainer_fixtures import tiny_qwen
 
     arch = tiny_qwen()
     source_dir = workdir / "hf_source"
@@ -138,8 +138,8 @@ def check_low_precision_construction() -> dict[str, Any]:
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, float8_all_gather_enabled, mesh_shape, parallelize
     from btk_trainer.train import init_parameters
-    from conftest import tiny_llama
     from torch.distributed.tensor import DTensor
+    from trainer_fixtures import tiny_llama
 
     out: dict[str, Any] = {}
     for precision in ("fp8_tensorwise", "mxfp8"):

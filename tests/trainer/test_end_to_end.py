@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from btk_trainer.checkpoint import complete_checkpoints
 from btk_trainer.tokenize import tokenize_to_shards
-from conftest import tiny_llama
 from test_data import WORDS, make_tokenizer, write_jsonl
+from trainer_fixtures import tiny_llama
 
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from btk_trainer.model import Decoder, export_hf, load_safetensors
-from conftest import tiny_llama, tiny_qwen
+from trainer_fixtures import tiny_llama, tiny_qwen
 
 from btk.profile import ModelArchitecture
 
