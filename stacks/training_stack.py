@@ -8,7 +8,6 @@ attributes ``network``, ``data_stage``, ``image``, ``execution_role`` and ``env_
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, Environment, RemovalPolicy, Stack, Tags
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from btk.environment import EnvironmentConfig
@@ -17,20 +16,9 @@ from training_constructs.execution_role import TrainingExecutionRole, TrainingEx
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
 from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
+from training_constructs.retention import RETENTION_DAYS
 from training_constructs.training_image import TrainingImage
 from training_constructs.training_plan import TrainingPlanReservation
-
-#: CloudWatch Logs retention in days -> the CDK enum member.
-RETENTION_DAYS: dict[int, logs.RetentionDays] = {
-    1: logs.RetentionDays.ONE_DAY, 3: logs.RetentionDays.THREE_DAYS, 5: logs.RetentionDays.FIVE_DAYS,
-    7: logs.RetentionDays.ONE_WEEK, 14: logs.RetentionDays.TWO_WEEKS, 30: logs.RetentionDays.ONE_MONTH,
-    60: logs.RetentionDays.TWO_MONTHS, 90: logs.RetentionDays.THREE_MONTHS, 120: logs.RetentionDays.FOUR_MONTHS,
-    150: logs.RetentionDays.FIVE_MONTHS, 180: logs.RetentionDays.SIX_MONTHS, 365: logs.RetentionDays.ONE_YEAR,
-    400: logs.RetentionDays.THIRTEEN_MONTHS, 545: logs.RetentionDays.EIGHTEEN_MONTHS,
-    731: logs.RetentionDays.TWO_YEARS, 1096: logs.RetentionDays.THREE_YEARS, 1827: logs.RetentionDays.FIVE_YEARS,
-    2192: logs.RetentionDays.SIX_YEARS, 2557: logs.RetentionDays.SEVEN_YEARS, 2922: logs.RetentionDays.EIGHT_YEARS,
-    3288: logs.RetentionDays.NINE_YEARS, 3653: logs.RetentionDays.TEN_YEARS,
-}
 
 
 class TrainingStack(Stack):

@@ -43,6 +43,7 @@ from constructs import Construct
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
 from training_constructs.nag import acknowledge, acknowledge_wildcard_resources, finding_token
+from training_constructs.retention import RETENTION_DAYS
 
 HANDLER_DIR = Path(__file__).parent / "lambda" / "training_plan"
 CAPACITY_MODULE = Path(capacity.__file__)
@@ -57,10 +58,6 @@ PLAN_ACTIONS = (
     "sagemaker:DescribeTrainingPlan",
     "sagemaker:ListTrainingPlans",
 )
-_RETENTION_DAYS = (
-    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653
-)
-RETENTION: dict[int, logs.RetentionDays] = dict(zip(_RETENTION_DAYS, list(logs.RetentionDays)[:-1], strict=True))
 
 
 @jsii.implements(ILocalBundling)
@@ -195,7 +192,7 @@ class TrainingPlanReservation(Construct):
         wait = wait_timeout or Duration.minutes(10)
         if wait.to_seconds() > HANDLER_TIMEOUT.to_seconds() - 60:
             raise ValueError(f"{self.node.path}: wait_timeout must be at most 14 minutes (Lambda limit 15)")
-        retention = log_retention or RETENTION[env_config.log_retention_days]
+        retention = log_retention or RETENTION_DAYS[env_config.log_retention_days]
         removal = RemovalPolicy.RETAIN if env_config.retain_data else RemovalPolicy.DESTROY
 
         properties: dict[str, str] = {
