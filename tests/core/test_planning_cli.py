@@ -165,3 +165,34 @@ def test_an_invalid_user_profile_is_one_line_naming_the_field(tmp_path: Path) ->
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "profiles/: ModelArchitecture" in result.stderr
     assert "num_attention_heads (3) must divide hidden_size (1000)" in result.stderr
+
+
+def test_readme_sample_plan_is_current(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's `btk plan llama3.1-8b` excerpt is what the command prints today."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("`btk plan llama3.1-8b` (abridged):")
+    block = readme[readme.index("```\n", start) + 4 : readme.index("\n```", readme.index("```\n", start) + 4)]
+    code, out, _ = run(capsys, "plan", "llama3.1-8b")
+    assert code == 0
+    printed = out.splitlines()
+    stale = [line for line in block.splitlines() if line.strip() != "..." and line not in printed]
+    assert not stale, f"README sample is stale, paste the new output: {stale}"
+
+
+def test_readme_add_a_profile_example_plans() -> None:
+    """The README's profile example, run in profiles/llama.py's namespace, gives a plannable profile."""
+    import profiles.llama as llama
+    from btk import profile as profile_module
+    from btk.hardware import get_instance_type
+    from btk.planner import plan_profile
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Add a model profile") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    namespace = dict(vars(llama)) | {"KnobPins": profile_module.KnobPins}
+    exec(compile(code, "README.md", "exec"), namespace)
+    added = namespace["LLAMA31_8B_LONG"]
+    assert added in namespace["PROFILES"] and added.name == "llama3.1-8b-32k"
+    plan = plan_profile(added, get_instance_type("ml.p6-b200.48xlarge"), 1)
+    assert plan.knobs.precision == "bf16" and plan.knobs.seq_len == 32768
