@@ -50,7 +50,7 @@ def tokens_per_second(system: InstanceType, knobs: TrainingKnobs) -> float:
 def fit(name: str) -> tuple[float, float]:
     system = REFERENCE_SYSTEMS[name]
     knob_values, measured, _, _ = PUBLISHED[name]
-    bf16 = TrainingKnobs(**knob_values)  # type: ignore[arg-type]
+    bf16 = TrainingKnobs.model_validate(knob_values)
     fp8 = bf16.model_copy(update={"precision": "fp8_tensorwise"})
     target_ratio = measured["fp8_tensorwise"] / measured["bf16"]
 
@@ -86,7 +86,7 @@ def main() -> None:
         system = with_constants(REFERENCE_SYSTEMS[name], fraction, overhead)
         print(f"{name}: achieved_matmul_fraction={fraction:.4f} non_matmul_overhead={overhead:.4f}  ({source})")
         for precision, tps in measured.items():
-            knobs = TrainingKnobs(**knob_values, precision=precision)  # type: ignore[arg-type]
+            knobs = TrainingKnobs.model_validate({**knob_values, "precision": precision})
             predicted = tokens_per_second(system, knobs)
             peak = estimate_memory(arch, knobs, 8, 1, system.hbm_gib).total
             print(
