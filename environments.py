@@ -13,7 +13,7 @@ DEV = EnvironmentConfig(
     region="us-east-1",
     availability_zone="us-east-1a",
     profiles=("llama3.2-1b", "llama3.2-3b"),
-    data_stage=DataStageConfig(mode="s3"),
+    data_stage=DataStageConfig(mode="s3", checkpoint_expiration_days=14),
     capacity=OnDemandCapacity(),
     managed_spot=True,
     retain_data=False,
@@ -26,7 +26,9 @@ STAGING = EnvironmentConfig(
     region="us-east-1",
     availability_zone="us-east-1a",
     profiles=("llama3.2-1b", "llama3.2-3b", "llama3.1-8b"),
-    data_stage=DataStageConfig(mode="fsx", fsx_storage_capacity_gib=1200, fsx_throughput_per_tib=250),
+    data_stage=DataStageConfig(
+        mode="fsx", fsx_storage_capacity_gib=1200, fsx_throughput_per_tib=250, checkpoint_expiration_days=30
+    ),
     capacity=OnDemandCapacity(),
     retain_data=False,
     log_retention_days=30,

@@ -31,6 +31,12 @@ class DataStageConfig(BaseModel):
     fsx_throughput_per_tib: int = Field(default=250, description="PERSISTENT_2: 125, 250, 500 or 1000")
     fsx_directory: str = Field(default="/datasets", description="path inside the file system")
     datasets_prefix: str = Field(default="datasets/", description="S3 prefix linked to FSx")
+    checkpoint_expiration_days: int | None = Field(
+        default=None,
+        ge=1,
+        description="delete checkpoint objects this many days after they are written (None: keep). SageMaker "
+        "uploads checkpoints but never deletes the ones training pruned locally, so S3 grows without it",
+    )
 
     @field_validator("fsx_storage_capacity_gib")
     @classmethod
@@ -211,6 +217,13 @@ class EnvironmentConfig(BaseModel):
             raise ValueError(f"capacity.plan_arn is not in region {self.region}")
         if managed_spot_conflict(self):
             raise ValueError("managed_spot cannot be combined with a training plan (capacity.mode)")
+        expiration = self.data_stage.checkpoint_expiration_days
+        longest_job_hours = self.max_runtime_hours * (2 if self.managed_spot else 1)  # spot may wait as long again
+        if expiration is not None and expiration * 24 <= longest_job_hours:
+            raise ValueError(
+                f"data_stage.checkpoint_expiration_days ({expiration}) must outlast the longest job "
+                f"({longest_job_hours} h with max_runtime_hours and spot waiting): raise it or lower max_runtime_hours"
+            )
         return self
 
     @property

@@ -160,6 +160,11 @@ class DataStage(Construct):
         )
         self.datasets_bucket = self._bucket("Datasets", "datasets/")
         self.checkpoints_bucket = self._bucket("Checkpoints", "checkpoints/")
+        if config.checkpoint_expiration_days is not None:
+            # SageMaker's checkpoint sync never deletes what training pruned locally.
+            self.checkpoints_bucket.add_lifecycle_rule(
+                id="expire-checkpoints", expiration=Duration.days(config.checkpoint_expiration_days)
+            )
         self.artifacts_bucket = self._bucket("Artifacts", "artifacts/")
 
         self.file_system: fsx.LustreFileSystem | None = None

@@ -219,6 +219,23 @@ def test_removal_policies(env_name: str, synths: dict[str, Synth]) -> None:
     assert (env_name == "prod") == (expected == "Retain")
 
 
+@pytest.mark.parametrize("env_name", ["dev", "staging", "prod"])
+def test_checkpoint_objects_expire_only_where_configured(env_name: str, synths: dict[str, Synth]) -> None:
+    """SageMaker never deletes pruned checkpoints from S3: the checkpoint bucket expires them
+    after data_stage.checkpoint_expiration_days, and only that bucket."""
+    days = ENVS[env_name].data_stage.checkpoint_expiration_days
+    expiring = {}
+    for logical_id, bucket in synths[env_name].resources("AWS::S3::Bucket").items():
+        rules = {rule["Id"]: rule for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]}
+        if "expire-checkpoints" in rules:
+            expiring[logical_id] = rules["expire-checkpoints"]
+    if days is None:
+        assert expiring == {}
+    else:
+        assert len(expiring) == 1 and "Checkpoints" in next(iter(expiring))
+        assert next(iter(expiring.values()))["ExpirationInDays"] == days
+
+
 # -- role -----------------------------------------------------------------------------------
 
 STAR_ACTIONS = {
