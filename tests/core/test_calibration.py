@@ -1,8 +1,9 @@
 """Calibration against published torchtitan measurements (see docs/calibration.md).
 
 Tolerances: peak memory within 15 %, tokens/s per GPU within 25 %. The bf16 and
-fp8-tensorwise throughput points were used to fit the two per-GPU constants; the memory
-points and the B200 MXFP8 throughput point were not fitted, so they test the model.
+fp8-tensorwise throughput points were used to fit the two per-GPU constants, so they only
+check the fit; the memory points were not fitted at all, so they test the model; the B200
+MXFP8 point is outside the fit but its cast-cost factor was chosen after seeing it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ PUBLISHED = [
         dict(micro_batch_size=1, seq_len=8192, activation_checkpointing="selective", compile=True, precision="mxfp8"),
         33.88,
         9969.0,
-        id="torchtitan-mxfp8-doc-llama3-8b-8xB200-mxfp8-held-out",
+        id="torchtitan-mxfp8-doc-llama3-8b-8xB200-mxfp8",
     ),
     pytest.param(
         "torchtitan-b200-8gpu",
