@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
+from cfn_fakes import ACCOUNT, resolve
 from infra_fixtures import REPO, Synth
 
 import environments
@@ -32,51 +32,14 @@ from training_constructs.pipeline_definition import (
 )
 from training_constructs.training_image import DEFAULT_DOCKERFILE, EXCLUDE
 
-ACCOUNT = "123456789012"
 PLAN_ARN = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:training-plan/btk-existing-plan"
-PSEUDO = {"AWS::AccountId": ACCOUNT, "AWS::Region": "us-east-1", "AWS::Partition": "aws",
-          "AWS::URLSuffix": "amazonaws.com"}
-#: Fake, well-formed values of ``Ref``/``Fn::GetAtt`` by resource type (attribute-specific first).
-FAKES = {
-    ("AWS::EC2::Subnet", None): "subnet-0a1b2c3d4e5f60718",
-    ("AWS::EC2::SecurityGroup", "GroupId"): "sg-0a1b2c3d4e5f60718",
-    ("AWS::KMS::Key", "Arn"): f"arn:aws:kms:us-east-1:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
-    ("AWS::FSx::FileSystem", None): "fs-0123456789abcdef0",
-    ("AWS::FSx::FileSystem", "LustreMountName"): "abcd1234",
-    ("Custom::TrainingPlan", "PlanArn"): PLAN_ARN,
-}
-
-
-def _fake(template: dict[str, Any], logical_id: str, attribute: str | None) -> str:
-    if logical_id in PSEUDO:
-        return PSEUDO[logical_id]
-    kind = template["Resources"][logical_id]["Type"]
-    if (kind, attribute) in FAKES:
-        return FAKES[(kind, attribute)]
-    if kind == "AWS::IAM::Role" and attribute == "Arn":
-        return f"arn:aws:iam::{ACCOUNT}:role/{logical_id}"
-    if kind == "AWS::S3::Bucket" and attribute is None:
-        return f"{logical_id.lower()[:40]}-bucket"
-    raise AssertionError(f"no fake value for {kind} {logical_id}.{attribute}")
+#: Fakes beyond the shared ones: the verified plan ARN of an ``existing`` capacity.
+EXTRA_FAKES = {("Custom::TrainingPlan", "PlanArn"): PLAN_ARN}
 
 
 def _resolve(template: dict[str, Any], node: Any) -> Any:
-    """Resolve ``Ref``, ``Fn::GetAtt``, ``Fn::Join`` and ``Fn::Sub`` (pseudo parameters) with fakes."""
-    if isinstance(node, list):
-        return [_resolve(template, item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if set(node) == {"Ref"}:
-        return _fake(template, node["Ref"], None)
-    if set(node) == {"Fn::GetAtt"}:
-        return _fake(template, *node["Fn::GetAtt"])
-    if set(node) == {"Fn::Join"}:
-        separator, parts = node["Fn::Join"]
-        return separator.join(str(_resolve(template, part)) for part in parts)
-    if set(node) == {"Fn::Sub"}:
-        assert isinstance(node["Fn::Sub"], str), node
-        return re.sub(r"\$\{([^}]+)\}", lambda m: _fake(template, m.group(1), None), node["Fn::Sub"])
-    return {key: _resolve(template, value) for key, value in node.items()}
+    """Resolve ``Ref``, ``Fn::GetAtt``, ``Fn::Join`` and ``Fn::Sub`` (image URI) with fakes."""
+    return resolve(template, node, EXTRA_FAKES)
 
 
 def _definitions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:

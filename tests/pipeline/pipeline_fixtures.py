@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+import cfn_fakes
+
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -29,13 +31,14 @@ from training_constructs.nag import apply_nag
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
 from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
 
-ACCOUNT = "123456789012"
-REGION = "us-east-1"
-FAKE_FILE_SYSTEM_ID = "fs-0123456789abcdef0"
-FAKE_MOUNT_NAME = "abcd1234"
-FAKE_SUBNET = "subnet-0a1b2c3d4e5f60718"
-FAKE_GROUP = "sg-0a1b2c3d4e5f60718"
-FAKE_KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+# The shared fake values, read by the pipeline tests as fx.<NAME>.
+ACCOUNT = cfn_fakes.ACCOUNT
+REGION = cfn_fakes.REGION
+FAKE_FILE_SYSTEM_ID = cfn_fakes.FAKE_FILE_SYSTEM_ID
+FAKE_MOUNT_NAME = cfn_fakes.FAKE_MOUNT_NAME
+FAKE_SUBNET = cfn_fakes.FAKE_SUBNET
+FAKE_GROUP = cfn_fakes.FAKE_GROUP
+FAKE_KEY_ARN = cfn_fakes.FAKE_KEY_ARN
 
 
 class PipelineTestStack(Stack):
@@ -135,53 +138,12 @@ def synth(env_config: EnvironmentConfig, **kwargs: Any) -> dict[str, Any]:
 
 def fake_value(template: dict[str, Any], logical_id: str, attribute: str | None) -> str:
     """A fixed, well-formed fake value for ``Ref``/``Fn::GetAtt`` of a resource."""
-    pseudo = {
-        "AWS::AccountId": ACCOUNT,
-        "AWS::Region": REGION,
-        "AWS::Partition": "aws",
-        "AWS::URLSuffix": "amazonaws.com",
-    }
-    if logical_id in pseudo:
-        return pseudo[logical_id]
-    kind = template["Resources"][logical_id]["Type"]
-    if kind == "AWS::EC2::Subnet":
-        return FAKE_SUBNET
-    if kind == "AWS::EC2::SecurityGroup":
-        return FAKE_GROUP
-    if kind == "AWS::KMS::Key":
-        return FAKE_KEY_ARN
-    if kind == "AWS::IAM::Role":
-        return f"arn:aws:iam::{ACCOUNT}:role/{logical_id}"
-    if kind == "AWS::S3::Bucket":
-        return f"{logical_id.lower()[:40]}-bucket"
-    if kind == "AWS::FSx::FileSystem":
-        return FAKE_MOUNT_NAME if attribute == "LustreMountName" else FAKE_FILE_SYSTEM_ID
-    if kind == "AWS::SNS::Topic":
-        return f"arn:aws:sns:{REGION}:{ACCOUNT}:{logical_id}"
-    if kind == "AWS::Logs::LogGroup":
-        return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{logical_id}:*"
-    if kind == "AWS::Events::Rule":
-        return f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{logical_id}"
-    raise AssertionError(f"no fake value for {kind} {logical_id}.{attribute}")
+    return cfn_fakes.fake_value(template, logical_id, attribute)
 
 
 def resolve(template: dict[str, Any], node: Any) -> Any:
-    """Resolve ``Ref``, ``Fn::GetAtt``, ``Fn::Join`` and ``Fn::Sub`` with fake values."""
-    if isinstance(node, list):
-        return [resolve(template, item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if set(node) == {"Ref"}:
-        return fake_value(template, node["Ref"], None)
-    if set(node) == {"Fn::GetAtt"}:
-        logical_id, attribute = node["Fn::GetAtt"]
-        return fake_value(template, logical_id, attribute)
-    if set(node) == {"Fn::Join"}:
-        separator, parts = node["Fn::Join"]
-        return separator.join(str(resolve(template, part)) for part in parts)
-    if set(node) == {"Fn::Sub"}:
-        raise AssertionError("pipeline definitions are expected as Fn::Join, not Fn::Sub")
-    return {key: resolve(template, value) for key, value in node.items()}
+    """Resolve ``Ref``, ``Fn::GetAtt`` and ``Fn::Join`` with fake values (definitions use no Fn::Sub)."""
+    return cfn_fakes.resolve(template, node, allow_sub=False)
 
 
 def pipelines(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
