@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -126,8 +126,15 @@ class ResumableSampler:
         self.state = SamplerState(epoch=int(state["epoch"]), position=int(state["position"]))
 
 
+class Windows(Protocol):
+    """Anything that serves fixed-length token windows: shards, or synthetic tokens."""
+
+    def __len__(self) -> int: ...
+    def window(self, index: int) -> np.ndarray[Any, Any]: ...
+
+
 def next_batch(
-    shards: TokenShards, sampler: ResumableSampler, device: torch.device
+    shards: Windows, sampler: ResumableSampler, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets) of shape (micro_batch_size, seq_len) for this rank."""
     windows = np.stack([shards.window(i) for i in sampler.next_indices()])

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_metric_line
 from btk.throughput import model_flops_per_token
 from btk_trainer import checkpoint
-from btk_trainer.data import ResumableSampler, TokenShards, next_batch
+from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.entrypoint import load_hyperparameters
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import (
@@ -48,11 +48,6 @@ from btk_trainer.parallelize import (
 
 GIB = 1024**3
 STOP_AT_STEP_ENV = "BTK_TEST_SIGTERM_AT_STEP"  # test hook: each rank signals itself after this step
-
-
-class Windows(Protocol):
-    def __len__(self) -> int: ...
-    def window(self, index: int) -> np.ndarray[Any, Any]: ...
 
 
 class SyntheticWindows:
@@ -195,7 +190,7 @@ def forward_backward(
     for micro in range(accumulation):
         if defer_all_reduce:
             model.set_requires_all_reduce(micro == accumulation - 1)  # type: ignore[operator]
-        inputs, targets = next_batch(windows, sampler, device)  # type: ignore[arg-type]
+        inputs, targets = next_batch(windows, sampler, device)
         loss = model(inputs, targets) / accumulation
         loss.backward()
         loss_sum += loss.detach()
@@ -375,15 +370,20 @@ def train(config: RunConfig) -> RunResult:
                 elapsed = time.perf_counter() - window_start
                 tokens_per_second = tokens_per_gpu_step * window_steps / elapsed
                 tflops = flops_per_token * tokens_per_second / 1e12
+                mfu = tflops / peak if peak else 0.0
+                peak_gib = torch.cuda.max_memory_allocated(device) / GIB if on_gpu else 0.0
                 metrics = {
                     "step": step, "loss": mean_loss, "tokens_per_second_per_gpu": tokens_per_second,
-                    "tflops_per_gpu": tflops, "mfu": tflops / peak if peak else 0.0,
-                    "peak_memory_gib": torch.cuda.max_memory_allocated(device) / GIB if on_gpu else 0.0,
+                    "tflops_per_gpu": tflops, "mfu": mfu, "peak_memory_gib": peak_gib,
                 }
                 result.losses[step] = mean_loss
                 result.metrics.append(metrics)
                 if rank == 0:
-                    print(format_metric_line(**metrics), flush=True)  # type: ignore[arg-type]
+                    line = format_metric_line(
+                        step=step, loss=mean_loss, tokens_per_second_per_gpu=tokens_per_second,
+                        tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib,
+                    )
+                    print(line, flush=True)
                 window_start, window_steps = time.perf_counter(), 0
 
             if stopping:
