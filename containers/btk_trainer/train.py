@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -47,7 +47,6 @@ from btk_trainer.parallelize import (
 )
 
 GIB = 1024**3
-STOP_AT_STEP_ENV = "BTK_TEST_SIGTERM_AT_STEP"  # test hook: each rank signals itself after this step
 
 
 class SyntheticWindows:
@@ -77,7 +76,9 @@ class RunConfig:
     compile: bool | None = None  # default: knobs.compile on GPU, off on CPU
     max_steps: int | None = None  # overrides job.max_steps / the token budget
     verify_data: bool = True
-    stop_at_step: int | None = None  # test hook, see STOP_AT_STEP_ENV
+    # Called after each optimizer step, before the ranks agree whether to stop: a SIGTERM raised
+    # here is acted on at that very step (tests stop runs at exact steps this way).
+    on_step_end: Callable[[int], None] | None = None
     return_state: bool = False  # tests: gather the full fp32 weights into RunResult.final_state
 
 
@@ -316,9 +317,6 @@ def train(config: RunConfig) -> RunResult:
             if rank == 0:
                 print(f"btk: resumed from {latest[1]} (step {start_step})", flush=True)
 
-    stop_at = config.stop_at_step
-    if stop_at is None and os.environ.get(STOP_AT_STEP_ENV):
-        stop_at = int(os.environ[STOP_AT_STEP_ENV])
     flops_per_token = model_flops_per_token(spec.architecture, knobs.seq_len)
     peak = peak_bf16_tflops(device)
     tokens_per_gpu_step = knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len * dp_size / world
@@ -358,8 +356,8 @@ def train(config: RunConfig) -> RunResult:
             result.steps_done = step
             window_steps += 1
 
-            if stop_at is not None and step == stop_at:
-                os.kill(os.getpid(), signal.SIGTERM)
+            if config.on_step_end is not None:
+                config.on_step_end(step)
             flags = torch.tensor([1 if stop.requested else 0], device=device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             stopping = bool(flags.item())

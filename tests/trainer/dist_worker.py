@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -263,6 +264,16 @@ def _exported_names(directory: Path) -> list[str]:
         return sorted(handle.keys())
 
 
+def _sigterm_at(stop: int) -> Any:
+    """A step hook that sends this process a real SIGTERM right after step ``stop``."""
+
+    def hook(step: int) -> None:
+        if step == stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
 def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     """SIGTERM at random steps, resume, compare final weights with an uninterrupted run."""
     from btk_trainer.checkpoint import complete_checkpoints
@@ -279,7 +290,7 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
         ckpt = workdir / f"ckpt_{stop}"
         # Only rank 0 gets the signal (nodes see SIGTERM at different times): every rank must stop with it.
         first = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
-                                checkpoint_dir=ckpt, stop_at_step=stop if dist.get_rank() == 0 else None))
+                                checkpoint_dir=ckpt, on_step_end=_sigterm_at(stop) if dist.get_rank() == 0 else None))
         views: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(views, [first.interrupted, first.steps_done])
         second = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
