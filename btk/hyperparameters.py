@@ -38,6 +38,12 @@ class JobSettings(BaseModel):
         default=None, description="directory of a Hugging Face safetensors checkpoint to fine-tune"
     )
     max_steps: int | None = Field(default=None, ge=1, description="stop after this many steps (else from total tokens)")
+    planned_data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="data-parallel ranks the knobs were planned for; a job with another count (InstanceCount "
+        "override) rescales gradient accumulation to keep the planned global batch",
+    )
 
 
 class JobHyperparameters(BaseModel):

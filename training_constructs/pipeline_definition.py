@@ -46,6 +46,7 @@ from typing import Any
 
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
+from btk.hardware import get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.metrics import METRIC_DEFINITIONS
@@ -182,13 +183,20 @@ def job_name_prefix(environment: str, profile: str) -> str:
     return pipeline_name(environment, profile)[:40].rstrip("-")
 
 
-def training_hyperparameters(profile: ModelProfile, knobs: TrainingKnobs) -> dict[str, str]:
-    """The job's hyperparameters: knobs, architecture, schedule and job settings (the core's codec)."""
+def training_hyperparameters(
+    profile: ModelProfile, knobs: TrainingKnobs, planned_data_parallel: int | None = None
+) -> dict[str, str]:
+    """The job's hyperparameters: knobs, architecture, schedule and job settings (the core's codec).
+
+    ``planned_data_parallel`` (the environment's GPUs / tensor_parallel) lets the trainer keep
+    the planned global batch when the ``InstanceCount`` parameter runs the job on another
+    node count.
+    """
     spec = JobHyperparameters(
         knobs=knobs,
         architecture=profile.architecture,
         training=profile.training,
-        job=JobSettings(profile=profile.name),
+        job=JobSettings(profile=profile.name, planned_data_parallel=planned_data_parallel),
     )
     return to_hyperparameters(spec)
 
@@ -301,7 +309,10 @@ class _Builder:
         self.max_wait = ParameterInteger(
             name=PARAM_MAX_WAIT_SECONDS, default_value=SPOT_WAIT_FACTOR * runtime
         )
-        hyperparameters = training_hyperparameters(spec.profile, spec.knobs)
+        planned_gpus = get_instance_type(env.instance_type).gpus_per_node * env.instance_count
+        hyperparameters = training_hyperparameters(
+            spec.profile, spec.knobs, planned_data_parallel=planned_gpus // spec.knobs.tensor_parallel
+        )
         self.total_tokens = ParameterString(
             name=PARAM_TOTAL_TOKENS, default_value=hyperparameters["train.total_tokens"]
         )

@@ -18,13 +18,14 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 BUDGET="${BUDGET:-250}"
 HARD_LIMIT="${HARD_LIMIT:-320}"
-SITE=/tmp/btk-site
+WHEELS="${WHEELS:-.whl}"  # py3.12 wheels from fetch_wheels.sh; none: use what is installed
+SITE="${SITE:-/tmp/btk-site}"
 
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  # torchao 0.17 pairs with the machine's torch 2.11; fall back to whatever torchao .whl/ holds.
-  torchao=$(ls .whl/torch211/torchao-*.whl 2>/dev/null | head -n1)
-  [ -n "$torchao" ] || torchao=$(ls .whl/torchao-*.whl 2>/dev/null | sort -V | head -n1)
-  mapfile -t others < <(ls .whl/*.whl | grep -v '/torchao-')
+if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  # torchao 0.17 pairs with the machine's torch 2.11; fall back to whatever torchao $WHEELS holds.
+  torchao=$(ls "$WHEELS"/torch211/torchao-*.whl 2>/dev/null | head -n1)
+  [ -n "$torchao" ] || torchao=$(ls "$WHEELS"/torchao-*.whl 2>/dev/null | sort -V | head -n1)
+  mapfile -t others < <(ls "$WHEELS"/*.whl | grep -v '/torchao-')
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     ${torchao:+"$torchao"} "${others[@]}" || echo "wheel install failed; continuing with what is there"
   export PYTHONPATH="$SITE:$ROOT/containers:$ROOT"

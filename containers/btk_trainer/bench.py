@@ -158,6 +158,10 @@ def _row(case: dict[str, Any]) -> str:
     )
 
 
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}×" if value else "–"
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Device: {report['device']}; torch {report['torch']}; planner instance: {report['instance']}; "
@@ -172,10 +176,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report["comparisons"]:
         lines += ["", "| profile | planned / baseline measured | planned / baseline predicted |", "|---|---|---|"]
         for comparison in report["comparisons"]:
-            measured = comparison.get("measured_ratio")
-            predicted = comparison.get("predicted_ratio")
-            lines.append(f"| {comparison['profile']} | {measured:.2f}× | {predicted:.2f}× |" if measured and predicted
-                         else f"| {comparison['profile']} | – | – |")
+            measured, predicted = (comparison.get(key) for key in ("measured_ratio", "predicted_ratio"))
+            lines.append(f"| {comparison['profile']} | {_ratio(measured)} | {_ratio(predicted)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--budget-seconds", type=float, default=None, help="skip cases starting after this")
+    parser.add_argument("--predict-only", action="store_true", help="print the planner's side only (no training)")
     args = parser.parse_args(argv)
 
     import torch
@@ -227,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         case: dict[str, Any] = {"profile": profile.name, "label": label, "knobs": knobs.model_dump(),
                                 "predicted": prediction(profile, instance, args.nodes, knobs)}
         key = json.dumps([profile.name, case["knobs"]], sort_keys=True)
-        if key in measured_cache:
+        if args.predict_only:
+            case["note"] = "prediction only"
+        elif key in measured_cache:
             case["measured"], case["note"] = measured_cache[key], "same knobs as an earlier case"
         elif args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
             case["error"] = "skipped: time budget spent"

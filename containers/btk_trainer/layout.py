@@ -39,3 +39,35 @@ def mesh_shape(world_size: int, nnodes: int, knobs: TrainingKnobs) -> MeshShape:
             raise BtkError(f"sharding=hybrid_shard needs the {dp} data-parallel ranks to divide over {nnodes} nodes")
         return MeshShape(dp_replicate=nnodes, dp_shard=dp // nnodes, tp=tp)
     return MeshShape(dp_replicate=1, dp_shard=dp, tp=tp)
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Micro-batches per optimizer step for the job's real data-parallel size."""
+
+    steps: int
+    planned_steps: int  # the knobs' gradient_accumulation_steps
+    planned_global_batch: int | None  # sequences per optimizer step the knobs were planned for
+    global_batch: int  # sequences per optimizer step this job runs
+
+    @property
+    def rescaled(self) -> bool:
+        return self.steps != self.planned_steps
+
+
+def accumulation_for(knobs: TrainingKnobs, planned_data_parallel: int | None, data_parallel: int) -> Accumulation:
+    """Keep the planned global batch when the job has another data-parallel size than planned.
+
+    The knobs' ``gradient_accumulation_steps`` was planned for ``planned_data_parallel`` ranks
+    (the environment's node count). Run on more or fewer nodes (the pipeline's
+    ``InstanceCount``), the same accumulation would change the global batch, and with it the
+    learning-rate schedule's meaning and the number of steps. Rounded up when the planned batch
+    does not divide evenly (never a smaller batch than planned); ``None``: use the knobs as given.
+    """
+    micro, planned_steps = knobs.micro_batch_size, knobs.gradient_accumulation_steps
+    if planned_data_parallel is None:
+        return Accumulation(planned_steps, planned_steps, None, micro * planned_steps * data_parallel)
+    planned = micro * planned_steps * planned_data_parallel
+    per_micro_step = micro * data_parallel
+    steps = max(1, -(-planned // per_micro_step))
+    return Accumulation(steps, planned_steps, planned, steps * per_micro_step)

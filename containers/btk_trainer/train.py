@@ -37,6 +37,7 @@ from btk.throughput import model_flops_per_token
 from btk_trainer import checkpoint
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.entrypoint import load_hyperparameters
+from btk_trainer.layout import accumulation_for
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import (
     build_mesh,
@@ -268,6 +269,17 @@ def train(config: RunConfig) -> RunResult:
     shape = mesh_shape(world, config.nnodes, knobs)
     mesh = build_mesh(shape, device_type)
     dp_rank, dp_size = data_parallel_rank(mesh)
+    accumulation = accumulation_for(knobs, spec.job.planned_data_parallel, dp_size)
+    if accumulation.rescaled:
+        knobs = knobs.model_copy(update={"gradient_accumulation_steps": accumulation.steps})
+        spec = spec.model_copy(update={"knobs": knobs})
+        if rank == 0:
+            print(
+                f"btk: {dp_size} data-parallel ranks, knobs planned for {spec.job.planned_data_parallel}: "
+                f"gradient_accumulation_steps={accumulation.steps} keeps the global batch at "
+                f"{accumulation.global_batch} sequences (planned {accumulation.planned_global_batch})",
+                flush=True,
+            )
     steps = total_steps(spec, dp_size, config.max_steps)
     torch.manual_seed(spec.job.seed)
 

@@ -252,7 +252,26 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["tp_training"] = check_tp_training(workdir, data_dir)
     out["low_precision"] = check_low_precision_construction()
     out["checkpoint_protocol"] = check_checkpoint_protocol(workdir)
+    out["rescaled_accumulation"] = check_rescaled_accumulation(workdir, data_dir)
     return out
+
+
+def check_rescaled_accumulation(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Knobs planned for 4 data-parallel ranks, run on 2: accumulation doubles, as if planned for 2."""
+    from btk_trainer.train import RunConfig, train
+
+    def final_weights(spec: JobHyperparameters) -> tuple[dict[str, torch.Tensor], int]:
+        run = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=2, device="cpu", return_state=True))
+        return run.final_state or {}, len(run.metrics)
+
+    planned_for_four, _ = final_weights(
+        spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=1, job={"planned_data_parallel": 4}))
+    planned_for_two, _ = final_weights(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2))
+    unplanned, _ = final_weights(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=1))
+    return {
+        "equal_to_planned_for_two": all(torch.equal(planned_for_four[k], planned_for_two[k]) for k in planned_for_two),
+        "differs_from_plain": any(not torch.equal(planned_for_four[k], unplanned[k]) for k in unplanned),
+    }
 
 
 def _exported_names(directory: Path) -> list[str]:

@@ -86,6 +86,11 @@ def test_replicated_accumulation_defers_all_reduce_and_matches(core: dict[str, A
     assert result["max_abs_diff"] <= 1e-6 and result["loss_diff"] <= 1e-6
 
 
+def test_fewer_ranks_than_planned_keep_the_global_batch(core: dict[str, Any]) -> None:
+    """planned_data_parallel=4 on 2 ranks trains exactly like knobs planned for 2 ranks (twice the accumulation)."""
+    assert core["rescaled_accumulation"] == {"equal_to_planned_for_two": True, "differs_from_plain": True}
+
+
 def test_tensor_parallel_matches_data_parallel(core: dict[str, Any]) -> None:
     assert core["tensor_parallel"]["max_abs_diff"] <= 1e-6
     assert core["tensor_parallel"]["loss_diff"] <= 1e-6

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from btk_trainer.layout import mesh_shape
+from btk_trainer.layout import accumulation_for, mesh_shape
 from btk_trainer.model import Decoder
 from btk_trainer.parallelize import apply_low_precision, check_precision, selective_policy
 from btk_trainer.train import learning_rate, peak_bf16_tflops
@@ -91,25 +91,72 @@ def test_no_gpu_means_zero_peak() -> None:
     assert peak_bf16_tflops(torch.device("cpu")) == 0.0
 
 
-def test_bench_tiny_on_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("planned", "actual", "steps", "global_batch"),
+    [
+        (None, 16, 16, 512),  # no plan recorded: the knobs as given
+        (32, 32, 16, 1024),  # the planned size
+        (32, 16, 32, 1024),  # half the nodes: twice the accumulation, same global batch
+        (32, 64, 8, 1024),  # twice the nodes: half
+        (32, 1024, 1, 2048),  # more ranks than the batch needs: one micro-batch each, the batch grows
+        (32, 24, 22, 1056),  # 1024 over 48 per micro-step does not divide: rounded up, never smaller
+    ],
+)
+def test_accumulation_keeps_the_planned_global_batch(
+    planned: int | None, actual: int, steps: int, global_batch: int
+) -> None:
+    result = accumulation_for(knobs(micro_batch_size=2, gradient_accumulation_steps=16), planned, actual)
+    assert (result.steps, result.global_batch) == (steps, global_batch)
+    assert result.rescaled == (steps != 16)
+    assert result.planned_global_batch == (None if planned is None else 2 * 16 * planned)
+
+
+def test_bench_script_runs_on_cpu(tmp_path: Path) -> None:
+    """The exact script the H200 run uses, with the toy architecture on CPU: every case lands in the files."""
+    out = tmp_path / "out"
     completed = subprocess.run(
-        [sys.executable, "-m", "btk_trainer.bench", "--profile", "llama3.2-1b", "--tiny", "--device", "cpu",
-         "--gpus", "1", "--precision", "bf16", "--compare", "--warmup", "1", "--steps", "2",
-         "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md")],
+        ["bash", str(ROOT / "containers" / "bench" / "run_h200.sh"), "--tiny", "--device", "cpu",
+         "--warmup", "1", "--steps", "2"],
         capture_output=True, text=True, timeout=240, check=False,
-        env={"PYTHONPATH": f"{ROOT / 'containers'}:{ROOT}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"},
+        env={"OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
+             "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"},
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "bench exit status: 0" in completed.stdout
+    assert f"torch {torch.__version__}" in (out / "env.txt").read_text()
+    report = json.loads((out / "results.json").read_text())
+    assert report["instance"] == "ml.p5en.48xlarge (1 GPU)" and report["steps"] == 2
+    cases = [(case["profile"], case["label"]) for case in report["cases"]]
+    expected = ["planned knobs, bf16", "planned knobs, fp8_tensorwise", "planner's choice", "legacy baseline"]
+    assert cases == [(profile, label) for profile in ("llama3.2-3b", "llama3.2-1b") for label in expected]
+    for case in report["cases"]:
+        assert case["predicted"]["tokens_per_second_per_gpu"] > 0
+        if case["knobs"]["precision"] != "bf16":  # fp8 cannot run on CPU: the case says why, the rest still run
+            assert "needs an NVIDIA GPU" in case["error"] and "measured" not in case
+            continue
+        assert case["measured"]["tokens_per_second_per_gpu"] > 0
+    assert [c["profile"] for c in report["comparisons"]] == ["llama3.2-3b", "llama3.2-1b"]
+    assert all(c["measured_ratio"] > 0 and c["predicted_ratio"] > 0 for c in report["comparisons"])
+    table = (out / "performance.md").read_text()
+    assert "| llama3.2-1b | legacy baseline |" in table and "planned / baseline measured" in table
+    assert (out / "bench.log").read_text().count("btk_metric step=") >= 3 * 3  # metric lines reach the log
+
+
+def test_bench_predict_only_trains_nothing(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "btk_trainer.bench", "--profile", "llama3.2-3b", "--gpus", "1", "--device", "cpu",
+         "--precision", "bf16", "--compare", "--predict-only", "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PYTHONPATH": f"{ROOT / 'containers'}:{ROOT}", "PATH": "/usr/bin:/bin"},
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
-    labels = [case["label"] for case in report["cases"]]
-    assert labels == ["planned knobs, bf16", "planner's choice", "legacy baseline"]
-    for case in report["cases"]:
-        if "error" in case:  # the planner may pick fp8 for the toy, which CPU cannot run
-            assert "fp8" in case["knobs"]["precision"] and "needs an NVIDIA GPU" in case["error"]
-            continue
-        assert case["measured"]["tokens_per_second_per_gpu"] > 0
-        assert case["predicted"]["tokens_per_second_per_gpu"] > 0
-    assert "| llama3.2-1b | legacy baseline |" in (tmp_path / "r.md").read_text()
+    assert all("measured" not in case and case["note"] == "prediction only" for case in report["cases"])
+    assert report["cases"][0]["knobs"]["seq_len"] == 8192  # the real profile, not the toy
+    assert all(case["predicted"]["fits"] for case in report["cases"])
+    (comparison,) = report["comparisons"]
+    assert "measured_ratio" not in comparison and comparison["predicted_ratio"] > 1.0
+    assert "btk_metric" not in completed.stdout
 
 
 def test_hadolint_clean() -> None:
