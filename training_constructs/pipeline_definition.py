@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from btk.environment import EnvironmentConfig
-from btk.errors import BtkError
+from btk.errors import BtkError, UnknownNameError
 from btk.hardware import get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
@@ -201,6 +201,16 @@ def training_hyperparameters(
     return to_hyperparameters(spec)
 
 
+def planned_data_parallel(environment: EnvironmentConfig, knobs: TrainingKnobs) -> int | None:
+    """Data-parallel ranks the knobs were planned for; ``None`` for an instance outside the catalog
+    (nothing was planned for it, so the trainer takes the knobs' accumulation as given)."""
+    try:
+        gpus = get_instance_type(environment.instance_type).gpus_per_node
+    except UnknownNameError:
+        return None
+    return gpus * environment.instance_count // knobs.tensor_parallel
+
+
 def job_tags(spec: PipelineSpec) -> dict[str, str]:
     """Tags of every job: the environment's tags plus environment, profile and instance type."""
     tags = dict(spec.environment.tags)
@@ -309,9 +319,8 @@ class _Builder:
         self.max_wait = ParameterInteger(
             name=PARAM_MAX_WAIT_SECONDS, default_value=SPOT_WAIT_FACTOR * runtime
         )
-        planned_gpus = get_instance_type(env.instance_type).gpus_per_node * env.instance_count
         hyperparameters = training_hyperparameters(
-            spec.profile, spec.knobs, planned_data_parallel=planned_gpus // spec.knobs.tensor_parallel
+            spec.profile, spec.knobs, planned_data_parallel=planned_data_parallel(env, spec.knobs)
         )
         self.total_tokens = ParameterString(
             name=PARAM_TOTAL_TOKENS, default_value=hyperparameters["train.total_tokens"]

@@ -110,6 +110,9 @@ def test_volume_key_only_where_the_instance_has_ebs() -> None:
     ebs = _train(build_pipeline_definition(_spec(environment=ebs_env)))
     assert ebs["ResourceConfig"]["VolumeKmsKeyId"] == KEY
     assert ebs["ResourceConfig"]["VolumeSizeInGB"] == 500
+    # Nothing was planned for an instance outside the catalog: the trainer keeps the knobs' accumulation.
+    assert ebs["HyperParameters"]["job.planned_data_parallel"] == ""
+    assert nvme["HyperParameters"]["job.planned_data_parallel"] == "8"
 
 
 def test_existing_plan_default_and_on_plan_branch_has_no_spot() -> None:
