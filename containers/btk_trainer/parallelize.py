@@ -189,15 +189,19 @@ def apply_activation_checkpointing(model: Decoder, mode: str) -> None:
         model.model.layers[index] = wrapped
 
 
-def apply_compile(model: Decoder) -> None:
-    """``torch.compile`` each block in place (parameter names are unchanged)."""
+def apply_compile(model: Decoder, backend: str = "inductor") -> None:
+    """``torch.compile`` each block in place (parameter names are unchanged).
+
+    ``fullgraph=True``: a graph break in a block is an error at the first step, not a silent
+    slowdown. Tests pass ``backend="aot_eager"`` to trace the same graphs on CPU without Inductor.
+    """
     for layer in model.model.layers:
-        layer.compile(fullgraph=True)
+        layer.compile(fullgraph=True, backend=backend)
 
 
-def apply_fused_loss(model: Decoder) -> None:
+def apply_fused_loss(model: Decoder, backend: str = "inductor") -> None:
     """Compile head matmul + upcast + cross-entropy into one graph: no fp32 logits tensor."""
-    model.loss_fn = torch.compile(eager_cross_entropy, fullgraph=True)
+    model.loss_fn = torch.compile(eager_cross_entropy, fullgraph=True, backend=backend)
 
 
 def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: torch.dtype | None) -> None:
@@ -223,11 +227,13 @@ def parallelize(
     capability: tuple[int, int] | None,
     compile_enabled: bool | None = None,
     fused_loss_enabled: bool | None = None,
+    compile_backend: str = "inductor",
 ) -> Decoder:
     """Apply every knob to ``model`` (in place) and return it.
 
     ``compile_enabled`` / ``fused_loss_enabled`` override ``knobs.compile`` / ``knobs.fused_loss``
-    (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes).
+    (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes);
+    ``compile_backend`` is the ``torch.compile`` backend of both.
     """
     check_precision(knobs.precision, capability)
     apply_low_precision(model, knobs.precision,
@@ -236,9 +242,9 @@ def parallelize(
         apply_tensor_parallel(model, mesh["tp"], knobs.precision)
     apply_activation_checkpointing(model, knobs.activation_checkpointing)
     if knobs.compile if compile_enabled is None else compile_enabled:
-        apply_compile(model)
+        apply_compile(model, compile_backend)
     if knobs.fused_loss if fused_loss_enabled is None else fused_loss_enabled:
-        apply_fused_loss(model)
+        apply_fused_loss(model, compile_backend)
     apply_fsdp(model, mesh, shape, param_dtype)
     return model
 

@@ -48,8 +48,13 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch.Tensor], float, bool]:
-    """Full gradients after one accumulated step; also whether parameters are really sharded."""
+def grads_for(
+    spec: JobHyperparameters, data_dir: Path, compile_backend: str | None = None
+) -> tuple[dict[str, torch.Tensor], float, bool]:
+    """Full gradients after one accumulated step; also whether parameters are really sharded.
+
+    ``compile_backend``: compile every block and the loss with this backend (``fullgraph=True``).
+    """
     from btk_trainer.data import ResumableSampler, TokenShards
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
@@ -61,7 +66,9 @@ def grads_for(spec: JobHyperparameters, data_dir: Path) -> tuple[dict[str, torch
     mesh = build_mesh(shape, "cpu")
     with torch.device("meta"):
         model = Decoder(spec.architecture)
-    parallelize(model, knobs, mesh, shape, param_dtype=None, capability=None)
+    compiled = {} if compile_backend is None else {
+        "compile_enabled": True, "fused_loss_enabled": True, "compile_backend": compile_backend}
+    parallelize(model, knobs, mesh, shape, param_dtype=None, capability=None, **compiled)
     model.to_empty(device="cpu")
     init_parameters(model, spec.job.seed)
     weight = model.model.layers[0].mlp.up_proj.weight
@@ -227,6 +234,23 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
         out["ac"][mode] = {
             "max_abs_diff": max(float((grads[k] - reference[k]).abs().max()) for k in reference),
             "loss_diff": abs(loss - ref_loss),
+        }
+    # The GPU path compiles every block (fullgraph: a graph break fails) and the loss; aot_eager traces
+    # the same forward and backward graphs on CPU without Inductor, under every AC mode.
+    out["compiled"] = {}
+    for mode in ("none", "selective", "full"):
+        ac_spec = spec_for(workdir, activation_checkpointing=mode)
+        eager, eager_loss, _ = (reference, ref_loss, True) if mode == "none" else grads_for(ac_spec, data_dir)
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()  # each mode compiles from scratch (the loss graph would be cached)
+        graphs_before = counters["stats"]["unique_graphs"]
+        grads, loss, _ = grads_for(ac_spec, data_dir, compile_backend="aot_eager")
+        out["compiled"][mode] = {
+            "graphs_compiled": counters["stats"]["unique_graphs"] - graphs_before,
+            "max_abs_diff": max(float((grads[k] - eager[k]).abs().max()) for k in eager),
+            "loss_diff": abs(loss - eager_loss),
+            "names": sorted(grads) == sorted(eager),
         }
     big, big_loss, _ = grads_for(spec_for(workdir, micro_batch_size=2, gradient_accumulation_steps=1), data_dir)
     acc, acc_loss, _ = grads_for(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2), data_dir)

@@ -72,6 +72,15 @@ def test_activation_checkpointing_keeps_gradients(core: dict[str, Any], mode: st
     assert core["ac"][mode]["loss_diff"] <= 1e-6
 
 
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_compiled_blocks_and_loss_keep_gradients(core: dict[str, Any], mode: str) -> None:
+    """Per-block torch.compile (fullgraph) and the compiled loss trace without graph breaks and agree."""
+    result = core["compiled"][mode]
+    assert result["names"] is True
+    assert result["graphs_compiled"] >= 2  # dynamo really compiled (a block and the loss)
+    assert result["max_abs_diff"] <= 1e-5 and result["loss_diff"] <= 1e-5
+
+
 def test_gradient_accumulation_matches_one_big_batch(core: dict[str, Any]) -> None:
     accumulation = core["accumulation"]
     assert accumulation["max_abs_grad"] > 1e-3  # gradients are not trivially zero
