@@ -75,6 +75,9 @@ class RunConfig:
     device: str | None = None  # default: cuda when available
     param_dtype: str | None = None  # "bfloat16" / "float32"; default bf16 on GPU, fp32 on CPU
     compile: bool | None = None  # default: knobs.compile on GPU, off on CPU
+    # Compute capability the precision checks see; default: the GPU's, None on CPU. Tests set it
+    # on CPU to train fp8_tensorwise/rowwise there (torch emulates _scaled_mm on CPU).
+    capability: tuple[int, int] | None = None
     max_steps: int | None = None  # overrides job.max_steps / the token budget
     verify_data: bool = True
     # Called after each optimizer step, before the ranks agree whether to stop: a SIGTERM raised
@@ -260,6 +263,7 @@ def train(config: RunConfig) -> RunResult:
         capability: tuple[int, int] | None = torch.cuda.get_device_capability(device)
     else:
         device, capability = torch.device("cpu"), None
+    capability = config.capability or capability
     _setup_distributed(device)
     rank, world = dist.get_rank(), dist.get_world_size()
     if "LOCAL_RANK" not in os.environ and device_type != "cuda":

@@ -100,6 +100,16 @@ def test_fewer_ranks_than_planned_keep_the_global_batch(core: dict[str, Any]) ->
     assert core["rescaled_accumulation"] == {"equal_to_planned_for_two": True, "differs_from_plain": True}
 
 
+@pytest.mark.parametrize("precision", ["fp8_tensorwise", "fp8_rowwise"])
+def test_fp8_training_tracks_full_precision(core: dict[str, Any], precision: str) -> None:
+    """The fp8 matmuls really run (weights differ from fp32's) and the loss follows the fp32 loss closely."""
+    fp8 = core["fp8_training"][precision]
+    reference = core["fp8_training"]["reference_losses"]
+    assert len(fp8["losses"]) == 12 and fp8["weights_differ"] is True
+    assert fp8["losses"][-1] < fp8["losses"][0] - 0.5  # it learns
+    assert fp8["max_loss_diff"] <= 0.01 * reference[0]  # measured: 0.011 and 0.010 on a 4.84 start
+
+
 def test_tensor_parallel_matches_data_parallel(core: dict[str, Any]) -> None:
     assert core["tensor_parallel"]["max_abs_diff"] <= 1e-6
     assert core["tensor_parallel"]["loss_diff"] <= 1e-6
