@@ -49,7 +49,8 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def grads_for(
-    spec: JobHyperparameters, data_dir: Path, compile_backend: str | None = None
+    spec: JobHyperparameters, data_dir: Path, compile_backend: str | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> tuple[dict[str, torch.Tensor], float, bool]:
     """Full gradients after one accumulated step; also whether parameters are really sharded.
 
@@ -68,7 +69,7 @@ def grads_for(
         model = Decoder(spec.architecture)
     compiled = {} if compile_backend is None else {
         "compile_enabled": True, "fused_loss_enabled": True, "compile_backend": compile_backend}
-    parallelize(model, knobs, mesh, shape, param_dtype=None, capability=None, **compiled)
+    parallelize(model, knobs, mesh, shape, param_dtype=None, capability=capability, **compiled)
     model.to_empty(device="cpu")
     init_parameters(model, spec.job.seed)
     weight = model.model.layers[0].mlp.up_proj.weight
@@ -238,14 +239,18 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     # The GPU path compiles every block (fullgraph: a graph break fails) and the loss; aot_eager traces
     # the same forward and backward graphs on CPU without Inductor, under every AC mode.
     out["compiled"] = {}
-    for mode in ("none", "selective", "full"):
-        ac_spec = spec_for(workdir, activation_checkpointing=mode)
-        eager, eager_loss, _ = (reference, ref_loss, True) if mode == "none" else grads_for(ac_spec, data_dir)
+    for mode in ("none", "selective", "full", "fp8_tensorwise"):
+        precision = "fp8_tensorwise" if mode == "fp8_tensorwise" else "bf16"
+        ac_spec = spec_for(workdir, activation_checkpointing="selective" if precision != "bf16" else mode,
+                           precision=precision)
+        capability = (8, 9) if precision != "bf16" else None
+        eager, eager_loss, _ = ((reference, ref_loss, True) if mode == "none"
+                                else grads_for(ac_spec, data_dir, capability=capability))
         from torch._dynamo.utils import counters
 
         torch._dynamo.reset()  # each mode compiles from scratch (the loss graph would be cached)
         graphs_before = counters["stats"]["unique_graphs"]
-        grads, loss, _ = grads_for(ac_spec, data_dir, compile_backend="aot_eager")
+        grads, loss, _ = grads_for(ac_spec, data_dir, compile_backend="aot_eager", capability=capability)
         out["compiled"][mode] = {
             "graphs_compiled": counters["stats"]["unique_graphs"] - graphs_before,
             "max_abs_diff": max(float((grads[k] - eager[k]).abs().max()) for k in eager),

@@ -72,7 +72,7 @@ def test_activation_checkpointing_keeps_gradients(core: dict[str, Any], mode: st
     assert core["ac"][mode]["loss_diff"] <= 1e-6
 
 
-@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full", "fp8_tensorwise"])  # fp8: with selective AC
 def test_compiled_blocks_and_loss_keep_gradients(core: dict[str, Any], mode: str) -> None:
     """Per-block torch.compile (fullgraph) and the compiled loss trace without graph breaks and agree."""
     result = core["compiled"][mode]
