@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -117,14 +118,18 @@ def total_steps(spec: JobHyperparameters, dp_size: int, override: int | None) ->
     return max(1, spec.training.total_tokens // tokens_per_step)
 
 
+def _name_words(name: str) -> set[str]:
+    return set(re.split(r"[^a-z0-9]+", name.lower())) - {""}
+
+
 def peak_bf16_tflops(device: torch.device) -> float:
     """Dense bf16 peak of this GPU from the btk hardware catalog; 0 on CPU or an unknown GPU."""
     if device.type != "cuda":
         return 0.0
-    name = torch.cuda.get_device_name(device).lower().split()
+    words = _name_words(torch.cuda.get_device_name(device))  # e.g. "NVIDIA A100-SXM4-80GB"
     specs = {instance.gpu.name: instance.gpu for instance in hardware.INSTANCE_TYPES.values()}
     specs.update({v.name: v for v in vars(hardware).values() if isinstance(v, hardware.GpuSpec)})
-    matches = [spec for spec in specs.values() if set(spec.name.lower().split()) <= set(name)]
+    matches = [spec for spec in specs.values() if _name_words(spec.name) <= words]
     if not matches:
         return 0.0
     best = max(matches, key=lambda spec: len(spec.name))

@@ -100,6 +100,23 @@ def test_no_gpu_means_zero_peak() -> None:
 
 
 @pytest.mark.parametrize(
+    ("device_name", "peak"),
+    [
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA GeForce RTX 4090", 0.0),  # not in the catalog: MFU 0, not a wrong figure
+    ],
+)
+def test_peak_is_found_by_the_cuda_device_name(
+    device_name: str, peak: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    assert peak_bf16_tflops(torch.device("cuda", 0)) == peak
+
+
+@pytest.mark.parametrize(
     ("planned", "actual", "steps", "global_batch"),
     [
         (None, 16, 16, 512),  # no plan recorded: the knobs as given
