@@ -15,8 +15,9 @@ A dataset is a directory holding ``manifest.json`` and flat token files::
 
 The token dtype is the narrowest that holds every id (:func:`dtype_for_vocab`). Documents
 are concatenated with ``eos_token_id`` after each one. The trainer memory-maps the files
-(``numpy.memmap``) and verifies every checksum before it trains (:func:`verify_dataset`),
-so a corrupted or truncated shard is an error, never training data.
+(``numpy.memmap``) and verifies every checksum before it trains (:func:`verify_dataset`,
+its ranks splitting the hashing), so a corrupted or truncated shard is an error, never
+training data.
 
 Pure standard library (plus pydantic, as the rest of the core): no numpy, no torch.
 """
@@ -138,14 +139,23 @@ def read_manifest(directory: Path) -> ShardManifest:
         raise BtkError(one_line(error, f"dataset {directory}: invalid {MANIFEST_NAME}: ")) from None
 
 
-def verify_dataset(directory: Path, manifest: ShardManifest | None = None) -> ShardManifest:
-    """Check every shard's size and SHA-256 against the manifest.
+def verify_dataset(
+    directory: Path, manifest: ShardManifest | None = None, *, part: int = 0, parts: int = 1
+) -> ShardManifest:
+    """Check every shard's size, and the SHA-256 of this part's shards, against the manifest.
+
+    Hashing reads the whole dataset, so a job splits it: ``parts`` workers (the training
+    ranks) each hash the shards whose index is ``part`` modulo ``parts`` and agree on the
+    result; every worker checks every shard's presence and size (cheap). The default hashes
+    everything.
 
     Raises:
         BtkError: naming the first shard that is missing, has the wrong size or checksum.
     """
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} outside 0..{parts - 1}")
     manifest = manifest or read_manifest(directory)
-    for shard in manifest.shards:
+    for index, shard in enumerate(manifest.shards):
         path = directory / shard.file
         if not path.is_file():
             raise BtkError(f"dataset {directory}: shard {shard.file} is missing")
@@ -156,7 +166,7 @@ def verify_dataset(directory: Path, manifest: ShardManifest | None = None) -> Sh
                 f"dataset {directory}: shard {shard.file} has {actual_bytes} bytes, manifest says "
                 f"{expected_bytes}; re-run the tokenize tool or restage the data"
             )
-        if sha256_file(path) != shard.sha256:
+        if index % parts == part and sha256_file(path) != shard.sha256:
             raise BtkError(
                 f"dataset {directory}: shard {shard.file} fails its sha256 checksum (corrupted); "
                 "re-run the tokenize tool or restage the data"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -22,12 +22,41 @@ from btk.errors import BtkError
 from btk.shards import ShardManifest, verify_dataset
 
 
-class TokenShards:
-    """Read-only view of a verified dataset directory as ``(seq_len + 1)``-token windows."""
+def verify_across_ranks(directory: Path) -> ShardManifest:
+    """Verify the dataset once per job, not once per rank: each rank hashes its share of the shards.
 
-    def __init__(self, directory: Path, seq_len: int, *, verify: bool = True) -> None:
+    Every rank then raises the same one-line error (the lowest rank's finding) or none, so a
+    corrupted shard stops the whole job before any training step.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    manifest, finding = None, None
+    try:
+        manifest = verify_dataset(directory, part=rank, parts=world)
+    except BtkError as error:
+        finding = str(error)
+    findings: list[str | None] = [None] * world
+    dist.all_gather_object(findings, finding)
+    first = next((found for found in findings if found), None)
+    if first is not None:
+        raise BtkError(first)
+    assert manifest is not None
+    return manifest
+
+
+class TokenShards:
+    """Read-only view of a dataset directory as ``(seq_len + 1)``-token windows.
+
+    ``verify``: ``"local"`` hashes every shard here, ``"ranks"`` splits the hashing across the
+    process group (:func:`verify_across_ranks`), ``"none"`` only reads the manifest.
+    """
+
+    def __init__(self, directory: Path, seq_len: int, *, verify: Literal["local", "ranks", "none"] = "local") -> None:
         self.directory = directory
-        self.manifest: ShardManifest = verify_dataset(directory) if verify else _read(directory)
+        self.manifest: ShardManifest = {
+            "local": verify_dataset, "ranks": verify_across_ranks, "none": _read,
+        }[verify](directory)
         self.seq_len = seq_len
         self._arrays = [
             np.memmap(directory / shard.file, dtype=np.dtype(self.manifest.dtype).newbyteorder("<"), mode="r")

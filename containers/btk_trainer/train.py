@@ -321,7 +321,7 @@ def train(config: RunConfig) -> RunResult:
     if config.data_dir is None:
         windows = SyntheticWindows(spec.architecture.vocab_size, knobs.seq_len, seed=spec.job.seed)
     else:
-        windows = TokenShards(config.data_dir, knobs.seq_len, verify=config.verify_data)
+        windows = TokenShards(config.data_dir, knobs.seq_len, verify="ranks" if config.verify_data else "none")
         vocab = windows.manifest.vocab_size
         if vocab > spec.architecture.vocab_size:
             raise BtkError(f"dataset vocab_size {vocab} exceeds arch.vocab_size {spec.architecture.vocab_size}")

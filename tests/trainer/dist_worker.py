@@ -292,7 +292,35 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["checkpoint_protocol"] = check_checkpoint_protocol(workdir)
     out["rescaled_accumulation"] = check_rescaled_accumulation(workdir, data_dir)
     out["fp8_training"] = check_fp8_training(workdir, data_dir)
+    out["split_verification"] = check_split_verification(workdir, data_dir)
     return out
+
+
+def check_split_verification(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Each rank hashes half the shards; a bit flipped in a shard rank 1 hashes stops both ranks alike."""
+    import shutil
+
+    from btk_trainer.data import TokenShards
+
+    from btk.errors import BtkError
+
+    corrupt = workdir / "ds_corrupt"
+    if dist.get_rank() == 0:
+        shutil.copytree(data_dir, corrupt)
+        target = corrupt / "shard_00001.bin"
+        data = bytearray(target.read_bytes())
+        data[5] ^= 0x01
+        target.write_bytes(bytes(data))
+    dist.barrier()
+    clean = TokenShards(data_dir, 32, verify="ranks")
+    try:
+        TokenShards(corrupt, 32, verify="ranks")
+        error = ""
+    except BtkError as raised:
+        error = str(raised)
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return {"shards": len(clean.manifest.shards), "errors": errors}
 
 
 def check_fp8_training(workdir: Path, data_dir: Path) -> dict[str, Any]:

@@ -74,6 +74,12 @@ def test_corrupted_shard_is_detected_not_trained_on(tmp_path: Path) -> None:
     target.write_bytes(bytes(data))
     with pytest.raises(BtkError, match=r"shard_00001.bin fails its sha256"):
         TokenShards(tmp_path / "ds", seq_len=8)
+    # Split hashing: the part that owns shard 1 finds it; the other checks only sizes.
+    verify_dataset(tmp_path / "ds", part=0, parts=2)
+    with pytest.raises(BtkError, match=r"shard_00001.bin fails its sha256"):
+        verify_dataset(tmp_path / "ds", part=1, parts=2)
+    with pytest.raises(ValueError, match=r"part 2 outside 0..1"):
+        verify_dataset(tmp_path / "ds", part=2, parts=2)
     target.write_bytes(bytes(data[:-2]))  # truncated
     with pytest.raises(BtkError, match=r"shard_00001.bin has .* bytes"):
         verify_dataset(tmp_path / "ds")

@@ -110,6 +110,14 @@ def test_fp8_training_tracks_full_precision(core: dict[str, Any], precision: str
     assert fp8["max_loss_diff"] <= 0.01 * reference[0]  # measured: 0.011 and 0.010 on a 4.84 start
 
 
+def test_dataset_hashing_is_split_across_ranks_and_agreed(core: dict[str, Any]) -> None:
+    """Shard 1 is hashed by rank 1 only; rank 0 still stops, with the same one-line error."""
+    result = core["split_verification"]
+    assert result["shards"] >= 2
+    (first, second) = result["errors"]
+    assert first == second and "shard_00001.bin fails its sha256 checksum" in first
+
+
 def test_tensor_parallel_matches_data_parallel(core: dict[str, Any]) -> None:
     assert core["tensor_parallel"]["max_abs_diff"] <= 1e-6
     assert core["tensor_parallel"]["loss_diff"] <= 1e-6
