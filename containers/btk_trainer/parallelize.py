@@ -135,13 +135,15 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -
         parallelize_module(layer, tp_mesh, plan)
 
 
-_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+# The block's linears: bf16 ones dispatch to mm/addmm, torchao float8 ones to _scaled_mm. All
+# count alike, so fp8 + selective saves the same 4 of 7 outputs as bf16 (what btk.memory models).
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten._scaled_mm.default}
 
 
 def _sac_save_list() -> set[Any]:
     ops: set[Any] = set(_MATMULS)
     for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_mm"):
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
         op = getattr(torch.ops.aten, name, None)
         if op is not None:
             ops.add(op.default)

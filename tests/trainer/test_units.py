@@ -84,6 +84,9 @@ def test_selective_policy_recomputes_every_other_matmul() -> None:
     mm = torch.ops.aten.mm.default
     decisions = [policy(Ctx(), mm) for _ in range(4)]
     assert decisions == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
+    # float8 linears (_scaled_mm) count alike: fp8 + selective keeps the same share as bf16.
+    fp8 = [policy(Ctx(), op) for op in (torch.ops.aten._scaled_mm.default, torch.ops.aten.mm.default) * 2]
+    assert fp8 == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
     assert policy(Ctx(), torch.ops.aten.add.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
 
 
