@@ -109,8 +109,21 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
         job=JobSettings(profile=profile.name, max_steps=warmup + steps, log_interval_steps=1,
                         checkpoint_interval_steps=10**9),
     )
+    # Compiled code must not carry over from the previous case: Dynamo would recompile this
+    # case's blocks with dynamic shapes (another hidden size or micro-batch), not the static
+    # ones a training job gets.
+    torch._dynamo.reset()
     started = time.perf_counter()
-    result = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=warmup + steps))
+    try:
+        result = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=warmup + steps))
+    finally:
+        # A failed case (out of memory, ...) must not leave its model and optimizer state on
+        # the GPU for the next one: FSDP2's modules are freed only by the cycle collector.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if result.interrupted:
+        raise BtkError(f"stopped by SIGTERM after step {result.steps_done} (time limit?): figures dropped")
     timed = [m for m in result.metrics if m["step"] > warmup]
     if not timed:
         raise BtkError("no timed steps: raise --steps")
@@ -122,13 +135,11 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
         "tflops_per_gpu": timed[-1]["tflops_per_gpu"] * scale,
         "mfu": timed[-1]["mfu"] * scale,
         "peak_memory_gib": max(m["peak_memory_gib"] for m in result.metrics),
+        # What the caching allocator held (allocated + fragmentation): what "fits" really needs.
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 1024**3 if torch.cuda.is_available() else 0.0,
         "final_loss": timed[-1]["loss"],
         "wall_seconds": time.perf_counter() - started,
     }
-    del result
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return measured
 
 
@@ -148,12 +159,14 @@ def _row(case: dict[str, Any]) -> str:
     def fmt(value: Any, pattern: str) -> str:
         return pattern.format(value) if isinstance(value, (int, float)) else "–"
 
+    reserved = f" ({m['peak_reserved_gib']:.1f})" if m.get("peak_reserved_gib") else ""
     return (
         f"| {case['profile']} | {case['label']} | {case['knobs']['precision']} | {case['knobs']['micro_batch_size']}"
         f"×{case['knobs']['seq_len']} | {case['knobs']['activation_checkpointing']} | "
         f"{fmt(m.get('tokens_per_second_per_gpu'), '{:,.0f}')} | {fmt(p.get('tokens_per_second_per_gpu'), '{:,.0f}')}"
         f" | {fmt(m.get('mfu'), '{:.1%}')} | {fmt(p.get('mfu'), '{:.1%}')} | "
-        f"{fmt(m.get('peak_memory_gib'), '{:.1f}')} | {fmt(p.get('memory_gib'), '{:.1f}')} | "
+        f"{fmt(m.get('peak_memory_gib'), '{:.1f}')}{reserved}"
+        f" | {fmt(p.get('memory_gib'), '{:.1f}')} | "
         f"{case.get('error', '') or case.get('note', '')} |"
     )
 
@@ -169,7 +182,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['accumulation']}.",
         "",
         "| profile | case | precision | micro-batch × seq | AC | tokens/s/GPU | predicted | MFU | predicted MFU"
-        " | peak GiB | predicted GiB | note |",
+        " | peak GiB (reserved) | predicted GiB | note |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_row(case) for case in report["cases"]),
     ]

@@ -412,7 +412,9 @@ def train(config: RunConfig) -> RunResult:
                     print(f"btk: SIGTERM: checkpoint at step {step} written, exiting", flush=True)
                 return result
             if step % spec.job.checkpoint_interval_steps == 0:
+                saving_started = time.perf_counter()
                 save(step)
+                window_start += time.perf_counter() - saving_started  # tokens/s counts training time only
 
     if config.model_dir is not None:
         export_model(model, spec, config.model_dir)
