@@ -38,6 +38,13 @@ class JobSettings(BaseModel):
         default=None, description="directory of a Hugging Face safetensors checkpoint to fine-tune"
     )
     max_steps: int | None = Field(default=None, ge=1, description="stop after this many steps (else from total tokens)")
+    collective_timeout_minutes: int = Field(
+        default=30,
+        ge=1,
+        le=24 * 60,
+        description="how long a rank waits in a collective; covers rank 0 reading a pretrained checkpoint "
+        "and writing the final model while the others wait (NCCL's default is 10)",
+    )
     planned_data_parallel: int | None = Field(
         default=None,
         ge=1,

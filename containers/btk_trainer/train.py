@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -246,14 +247,19 @@ def load_pretrained(model: Decoder, directory: Path) -> None:
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-def _setup_distributed(device: torch.device) -> None:
-    """Join the process group; on CUDA bound to this rank's GPU (eager NCCL init, correct barriers)."""
+def setup_distributed(device: torch.device, timeout_minutes: int) -> None:
+    """Join the process group; on CUDA bound to this rank's GPU (eager NCCL init, correct barriers).
+
+    ``timeout_minutes`` bounds every collective wait: rank 0 alone reads a pretrained
+    checkpoint and writes the final model while the other ranks wait in one.
+    """
     if dist.is_initialized():
         return
+    timeout = timedelta(minutes=timeout_minutes)
     if device.type == "cuda":
-        dist.init_process_group(backend="nccl", device_id=device)
+        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", timeout=timeout)
 
 
 def train(config: RunConfig) -> RunResult:
@@ -269,7 +275,7 @@ def train(config: RunConfig) -> RunResult:
     else:
         device, capability = torch.device("cpu"), None
     capability = config.capability or capability
-    _setup_distributed(device)
+    setup_distributed(device, spec.job.collective_timeout_minutes)
     rank, world = dist.get_rank(), dist.get_world_size()
     if "LOCAL_RANK" not in os.environ and device_type != "cuda":
         local_rank = rank

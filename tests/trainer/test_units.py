@@ -22,7 +22,7 @@ from btk_trainer.parallelize import (
     check_precision,
     selective_policy,
 )
-from btk_trainer.train import learning_rate, peak_bf16_tflops
+from btk_trainer.train import learning_rate, peak_bf16_tflops, setup_distributed
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
@@ -88,6 +88,20 @@ def test_selective_policy_recomputes_every_other_matmul() -> None:
     fp8 = [policy(Ctx(), op) for op in (torch.ops.aten._scaled_mm.default, torch.ops.aten.mm.default) * 2]
     assert fp8 == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
     assert policy(Ctx(), torch.ops.aten.add.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "gloo"), ("cuda", "nccl")])
+def test_process_group_gets_the_job_timeout(device: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    setup_distributed(torch.device(device, 0) if device == "cuda" else torch.device(device), 45)
+    (call,) = calls
+    assert call["backend"] == backend and call["timeout"] == datetime.timedelta(minutes=45)
 
 
 def test_learning_rate_schedule() -> None:
