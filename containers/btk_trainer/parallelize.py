@@ -66,18 +66,24 @@ def float8_all_gather_enabled(precision: str, shape: MeshShape) -> bool:
     return precision == "fp8_tensorwise" and shape.dp_shard > 1
 
 
-def _low_precision_filter(module: nn.Module, fqn: str) -> bool:
-    """Swap only the blocks' linears whose dims suit fp8 kernels (multiples of 16); never the head."""
+def _low_precision_filter(module: nn.Module, fqn: str, *, multiple: int = 16) -> bool:
+    """Swap only the blocks' linears whose dims suit the kernels (fp8: multiples of 16, MXFP8's
+    32-element scaling blocks: 32); never the head."""
     if not isinstance(module, nn.Linear) or "lm_head" in fqn:
         return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return module.in_features % multiple == 0 and module.out_features % multiple == 0
 
 
 def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gather: bool) -> int:
     """Swap linears for torchao float8 (tensorwise/rowwise) or MXFP8 training; returns how many."""
     if precision == "bf16":
         return 0
-    swapped = sum(1 for fqn, module in model.named_modules() if _low_precision_filter(module, fqn))
+    multiple = 32 if precision == "mxfp8" else 16
+
+    def swappable(module: nn.Module, fqn: str) -> bool:
+        return _low_precision_filter(module, fqn, multiple=multiple)
+
+    swapped = sum(1 for fqn, module in model.named_modules() if swappable(module, fqn))
     if precision in ("fp8_tensorwise", "fp8_rowwise"):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -89,7 +95,7 @@ def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gathe
                 cast_config_weight=config.cast_config_weight,
                 cast_config_grad_output=config.cast_config_grad_output,
             )
-        convert_to_float8_training(model, config=config, module_filter_fn=_low_precision_filter)
+        convert_to_float8_training(model, config=config, module_filter_fn=swappable)
     elif precision == "mxfp8":
         from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
         from torchao.quantization import quantize_
@@ -97,7 +103,7 @@ def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gathe
         quantize_(
             model,
             MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL),
-            filter_fn=_low_precision_filter,
+            filter_fn=swappable,
         )
     else:
         raise BtkError(f"unknown precision {precision!r}")

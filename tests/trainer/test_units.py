@@ -74,6 +74,15 @@ def test_float8_swaps_block_linears_not_the_head(llama_arch: ModelArchitecture, 
     assert apply_low_precision(Decoder(llama_arch), "bf16", fsdp_float8_all_gather=False) == 0
 
 
+def test_mxfp8_swaps_only_32_aligned_linears() -> None:
+    """MXFP8 scales blocks of 32 elements: a 48-wide FFN stays bf16 under mxfp8, not under fp8."""
+    pytest.importorskip("torchao")
+    arch = ModelArchitecture(num_layers=1, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                             ffn_hidden_size=48, vocab_size=128, max_context=256)
+    assert apply_low_precision(Decoder(arch), "fp8_tensorwise", fsdp_float8_all_gather=False) == 7
+    assert apply_low_precision(Decoder(arch), "mxfp8", fsdp_float8_all_gather=False) == 4  # q, k, v, o
+
+
 def test_selective_policy_recomputes_every_other_matmul() -> None:
     from torch.utils.checkpoint import CheckpointPolicy
 
