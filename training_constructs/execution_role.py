@@ -147,9 +147,10 @@ class TrainingExecutionRole(Construct):
                 sid="LetSageMakerUseJobInterfaces",
                 actions=["ec2:CreateNetworkInterfacePermission"],
                 resources=[self.network_interface_arn],
-                conditions={
-                    "StringEquals": {"ec2:AuthorizedService": "sagemaker.amazonaws.com", "ec2:Vpc": vpc_arn}
-                },
+                # No ec2:AuthorizedService condition: SageMaker's documented role policy has none and
+                # only CodeBuild documents setting it; a condition SageMaker's call does not meet
+                # would fail every job's network set-up, which nothing offline can show.
+                conditions={"StringEquals": {"ec2:Vpc": vpc_arn}},
             )
         )
         self.role.add_to_policy(

@@ -34,6 +34,22 @@ def _logical_id(synth: Synth, construct: Any) -> str:
 # -- encryption -----------------------------------------------------------------------------
 
 
+def test_key_lets_fsx_service_linked_role_use_it_through_s3_only(synth: Synth) -> None:
+    """FSx's per-file-system S3 role must be named in the key policy (its own policy grants no KMS)."""
+    (key,) = synth.resources("AWS::KMS::Key").values()
+    statements = {st.get("Sid"): st for st in key["Properties"]["KeyPolicy"]["Statement"]}
+    fsx = statements["AllowFsxDataRepositoryThroughS3"]
+    assert fsx["Effect"] == "Allow" and fsx["Principal"] == {"AWS": "*"}
+    assert fsx["Condition"]["ArnLike"]["aws:PrincipalArn"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"},
+        ":iam::123456789012:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*",
+    ]]}
+    assert fsx["Condition"]["StringEquals"] == {
+        "kms:ViaService": "s3.us-east-1.amazonaws.com", "kms:CallerAccount": "123456789012",
+    }
+    assert [skip["id"] for skip in key["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_33"]
+
+
 def test_key_rotation_and_bucket_encryption(synth: Synth) -> None:
     template = _template(synth)
     template.resource_count_is("AWS::KMS::Key", 1)
@@ -294,12 +310,13 @@ def test_role_scopes(synth: Synth) -> None:
             assert "ec2:Vpc" in statement["Condition"]["StringEquals"]
     eni = [s for s in by_action["ec2:CreateNetworkInterface"] if "network-interface" in json.dumps(s["Resource"])]
     assert set(eni[0]["Condition"]["StringEquals"]) == {"ec2:Subnet", "ec2:Vpc"}
-    assert by_action["ec2:CreateNetworkInterfacePermission"][0]["Condition"]["StringEquals"][
-        "ec2:AuthorizedService"] == "sagemaker.amazonaws.com"
+    assert set(by_action["ec2:CreateNetworkInterfacePermission"][0]["Condition"]["StringEquals"]) == {"ec2:Vpc"}
     logs = json.dumps(by_action["logs:PutLogEvents"][0]["Resource"])
     assert "/aws/sagemaker/TrainingJobs:*" in logs and "/aws/sagemaker/ProcessingJobs:*" in logs
     key_arn = {"Fn::GetAtt": [_logical_id(synth, synth.stack.key), "Arn"]}
     assert all(s["Resource"] == key_arn for s in by_action["kms:Decrypt"])
+    # OutputDataConfig.KmsKeyId: SageMaker requires kms:Encrypt of the execution role.
+    assert [s["Resource"] for s in by_action["kms:Encrypt"]] == [key_arn]
     assert ("fsx:DescribeFileSystems" in by_action) == (ENVS[synth.env_name].data_stage.mode == "fsx")
     assert by_action["ecr:BatchGetImage"]
 
