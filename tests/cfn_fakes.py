@@ -40,6 +40,10 @@ def fake_value(
     for fakes in (extra, FAKES):
         if (kind, attribute) in fakes:
             return fakes[(kind, attribute)]
+    if kind == "AWS::Logs::LogGroup":  # as CloudFormation: Ref is the name, Arn ends in ":*"
+        name = template["Resources"][logical_id].get("Properties", {}).get("LogGroupName", logical_id)
+        assert isinstance(name, str), name
+        return name if attribute is None else f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*"
     by_type = {
         "AWS::EC2::Subnet": FAKE_SUBNET,
         "AWS::EC2::SecurityGroup": FAKE_GROUP,
@@ -47,7 +51,6 @@ def fake_value(
         "AWS::IAM::Role": f"arn:aws:iam::{ACCOUNT}:role/{logical_id}",
         "AWS::S3::Bucket": f"{logical_id.lower()[:40]}-bucket",
         "AWS::SNS::Topic": f"arn:aws:sns:{REGION}:{ACCOUNT}:{logical_id}",
-        "AWS::Logs::LogGroup": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{logical_id}:*",
         "AWS::Events::Rule": f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{logical_id}",
     }
     if kind in by_type:

@@ -172,9 +172,16 @@ class TrainingObservability(Construct):
             ),
         )
         rules = [self.pipeline_failed_rule, self.training_job_failed_rule]
+        # A log-group target is the group's ARN without the ":*" that LogGroup.log_group_arn
+        # carries (aws-events-targets' CloudWatchLogGroup builds it the same way); with it the
+        # rule deploys but EventBridge delivers nothing.
+        self.event_log_target_arn = stack.format_arn(
+            service="logs", resource="log-group", resource_name=self.event_log_group.log_group_name,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         for rule in rules:
             rule.add_target(cast(events.IRuleTarget, _DirectTarget(self.topic.topic_arn)))
-            rule.add_target(cast(events.IRuleTarget, _DirectTarget(self.event_log_group.log_group_arn)))
+            rule.add_target(cast(events.IRuleTarget, _DirectTarget(self.event_log_target_arn)))
         rule_arns = [rule.rule_arn for rule in rules]
         self.topic.add_to_resource_policy(
             iam.PolicyStatement(

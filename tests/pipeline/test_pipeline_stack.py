@@ -312,8 +312,10 @@ def test_failure_rules_notify_an_encrypted_topic(staging: dict[str, Any]) -> Non
     assert any(s.get("Principal") == {"Service": "events.amazonaws.com"} and "aws:SourceArn" in str(s)
                for s in statements)
     assert any(s["Effect"] == "Deny" and "aws:SecureTransport" in str(s) for s in statements)
+    log_target = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:/btk/staging/training-events"
     for rule in rules:
-        assert len(rule["Properties"]["Targets"]) == 2
+        targets = [fx.resolve(staging, target["Arn"]) for target in rule["Properties"]["Targets"]]
+        assert len(targets) == 2 and log_target in targets  # no ":*": EventBridge would deliver nothing
 
 
 def test_event_log_group_has_environment_retention_and_key(staging: dict[str, Any]) -> None:
@@ -329,12 +331,10 @@ def test_event_log_policy_lets_only_the_failure_rules_put_events(staging: dict[s
     document = json.loads(fx.resolve(staging, policy["Properties"]["PolicyDocument"]))
     by_action = {statement["Action"]: statement for statement in document["Statement"]}
     assert set(by_action) == {"logs:CreateLogStream", "logs:PutLogEvents"}
-    (group_id,) = [lid for lid, r in staging["Resources"].items()
-                   if r["Type"] == "AWS::Logs::LogGroup"
-                   and r["Properties"].get("LogGroupName") == "/btk/staging/training-events"]
+    group_arn = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:/btk/staging/training-events:*"
     for statement in by_action.values():
         assert statement["Principal"] == {"Service": ["events.amazonaws.com", "delivery.logs.amazonaws.com"]}
-        assert statement["Resource"] == f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:{group_id}:*"
+        assert statement["Resource"] == group_arn
     # EventBridge creates streams with no source-rule context: a SourceArn condition there blocks delivery.
     assert "Condition" not in by_action["logs:CreateLogStream"]
     rules = sorted(f"arn:aws:events:{fx.REGION}:{fx.ACCOUNT}:rule/{lid}"
