@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from btk.errors import BtkError
 
@@ -124,7 +125,7 @@ def save(
     dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state, "trainer": json.dumps(trainer_state)}
-    dcp.save(state, checkpoint_id=str(temporary))  # type: ignore[attr-defined]
+    dcp_save(state, checkpoint_id=str(temporary))
     torch.save(_rng_state(), temporary / f"rng_rank{rank:05d}.pt")
     dist.barrier()
     if rank == 0:
@@ -158,7 +159,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer state."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state, "trainer": ""}
-    dcp.load(state, checkpoint_id=str(path))  # type: ignore[attr-defined]
+    dcp_load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rng_file = path / f"rng_rank{dist.get_rank():05d}.pt"
     if rng_file.is_file():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in torchtitan and transformers)
 from torch import nn
 
 from btk.profile import ModelArchitecture, RopeScaling

@@ -178,6 +178,7 @@ def selective_policy() -> Any:
 def _sac_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
+    # torch leaves this function unannotated; its return value is the context_fn pair checkpoint expects.
     return create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
 
 

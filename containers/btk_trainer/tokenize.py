@@ -19,11 +19,15 @@ import shutil
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from btk.errors import BtkError
 from btk.shards import ShardEntry, ShardManifest, dtype_for_vocab, sha256_file, shard_file_name, write_manifest
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64 Mi tokens: 128 MiB as uint16
 
@@ -45,10 +49,10 @@ def iter_texts(paths: Iterable[Path]) -> Iterator[str]:
                 yield text
 
 
-def _resolve_eos(tokenizer: object, eos_token: str | None) -> int:
+def _resolve_eos(tokenizer: Tokenizer, eos_token: str | None) -> int:
     candidates = [eos_token] if eos_token else ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"]
     for candidate in candidates:
-        token_id = tokenizer.token_to_id(candidate)  # type: ignore[attr-defined]
+        token_id = tokenizer.token_to_id(candidate)
         if token_id is not None:
             return int(token_id)
     raise BtkError(f"tokenizer has none of the EOS tokens {candidates}; pass --eos-token")

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from btk import hardware
 from btk.errors import BtkError
@@ -165,24 +166,23 @@ def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) ->
     """
     from torch.distributed.tensor import DTensor, Replicate
 
-    groups: dict[Any, list[torch.nn.Parameter]] = {}
+    groups: dict[Any, list[torch.Tensor]] = {}  # gradients by device mesh (None: plain tensors)
     for parameter in parameters:
-        if parameter.grad is not None:
-            key = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
-            groups.setdefault(key, []).append(parameter)
+        grad = parameter.grad
+        if grad is not None:
+            groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
     if not groups:
         return torch.zeros(())
     norms = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)  # type: ignore[misc]
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total = norms[0] if len(norms) == 1 else torch.stack([n.float() for n in norms]).square().sum().sqrt()
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for mesh, group in groups.items():
-        grads = [p.grad for p in group]
+    for mesh, grads in groups.items():
         factor = coefficient if mesh is None else DTensor.from_local(
             coefficient, mesh, [Replicate()] * mesh.ndim, run_check=False)
-        torch._foreach_mul_(grads, factor)  # type: ignore[arg-type]
+        torch._foreach_mul_(grads, factor)
     return total
 
 
@@ -200,7 +200,7 @@ def forward_backward(
     loss_sum = torch.zeros((), device=device)
     for micro in range(accumulation):
         if defer_all_reduce:
-            model.set_requires_all_reduce(micro == accumulation - 1)  # type: ignore[operator]
+            cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
         inputs, targets = next_batch(windows, sampler, device)
         loss = model(inputs, targets) / accumulation
         loss.backward()

@@ -13,6 +13,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 from capacity_fixtures import ACCOUNT, REGION
 
@@ -62,7 +63,9 @@ class Synth:
         return self.stack.resolve(value)
 
     def role_statements(self, role_id: str) -> list[dict[str, Any]]:
-        role_ref = self.resolve(self.plan.node.find_child(role_id).role_name)  # type: ignore[attr-defined]
+        role = self.plan.node.find_child(role_id)
+        assert isinstance(role, iam.Role), role
+        role_ref = self.resolve(role.role_name)
         statements: list[dict[str, Any]] = []
         for resource in self.json["Resources"].values():
             if resource["Type"] == "AWS::IAM::Policy" and role_ref in resource["Properties"]["Roles"]:

@@ -133,7 +133,8 @@ def synth(env_config: EnvironmentConfig, **kwargs: Any) -> dict[str, Any]:
     apply_nag(app)
     stack = PipelineTestStack(app, env_config, **kwargs)
     app.synth()
-    return Template.from_stack(stack).to_json()  # type: ignore[no-any-return]
+    template: dict[str, Any] = Template.from_stack(stack).to_json()
+    return template
 
 
 def fake_value(template: dict[str, Any], logical_id: str, attribute: str | None) -> str:

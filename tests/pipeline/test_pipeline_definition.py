@@ -51,7 +51,8 @@ def _train(definition: str, step: str = STEP_TRAIN) -> dict[str, Any]:
     condition = parsed["Steps"][-1]["Arguments"]
     for candidate in condition["IfSteps"] + condition["ElseSteps"]:
         if candidate["Name"] == step:
-            return candidate["Arguments"]  # type: ignore[no-any-return]
+            arguments: dict[str, Any] = candidate["Arguments"]
+            return arguments
     raise AssertionError(step)
 
 
