@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
+from btk.throughput import gradient_accumulation_for
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,6 @@ def accumulation_for(knobs: TrainingKnobs, planned_data_parallel: int | None, da
     if planned_data_parallel is None:
         return Accumulation(planned_steps, planned_steps, None, micro * planned_steps * data_parallel)
     planned = micro * planned_steps * planned_data_parallel
-    per_micro_step = micro * data_parallel
-    steps = max(1, -(-planned // per_micro_step))
-    return Accumulation(steps, planned_steps, planned, steps * per_micro_step)
+    # The planner's own rule (btk.throughput), in tokens: at least one micro-batch, rounded up.
+    steps = gradient_accumulation_for(planned * knobs.seq_len, micro, knobs.seq_len, data_parallel)
+    return Accumulation(steps, planned_steps, planned, steps * micro * data_parallel)
