@@ -13,8 +13,8 @@ import dataclasses
 from btk.catalog import get_profile
 from btk.hardware import REFERENCE_SYSTEMS, Fact, InstanceType
 from btk.knobs import TrainingKnobs
-from btk.memory import estimate_memory
-from btk.throughput import estimate_throughput
+from btk.planner.memory import estimate_memory
+from btk.planner.throughput import estimate_throughput
 
 # (system, knobs, published tokens/s per GPU, published peak GiB, source)
 PUBLISHED = {

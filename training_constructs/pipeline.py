@@ -304,7 +304,7 @@ class TrainingPipelines(Construct):
 
     :param env_config: the environment; every name in ``env_config.profiles`` gets a pipeline.
     :param resources: the shared :class:`PipelineResources`.
-    :param knobs: knobs by profile name. Default: ``btk.planner.plan_environment(env_config)``
+    :param knobs: knobs by profile name. Default: ``btk.planner.search.plan_environment(env_config)``
         (what ``btk plan`` reports for the environment's instance type and count).
     :param training_plan_arn: default ``TrainingPlanArn`` of every pipeline. Default: None ("").
     :param data_preparation: add the tokenize step to every pipeline. Default: False.
@@ -328,7 +328,7 @@ class TrainingPipelines(Construct):
         from btk.catalog import get_profile
 
         if knobs is None:
-            from btk.planner import plan_environment
+            from btk.planner.search import plan_environment
 
             knobs = {name: plan.knobs for name, plan in plan_environment(env_config).items()}
         missing = [name for name in env_config.profiles if name not in knobs]

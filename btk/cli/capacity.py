@@ -143,7 +143,7 @@ def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[
     """(profile, planner tokens/s per GPU, GPUs) for ``nodes`` instances of the env's type."""
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
-    from btk.planner import plan_profile
+    from btk.planner.search import plan_profile
 
     profile = get_profile(profile_name)
     instance = get_instance_type(env.instance_type)

@@ -88,7 +88,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from btk.catalog import get_environment, get_profile
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
-    from btk.planner import plan_profile
+    from btk.planner.search import plan_profile
 
     if args.env and args.profile:
         raise BtkError("give either a PROFILE or --env, not both")
@@ -106,14 +106,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
     if args.plot:
-        from btk.plot import plot_plan
+        from btk.planner.plot import plot_plan
 
         plot_plan(plans[0], args.plot)
     if args.json:
         output: Any = plans[0].to_json() if args.profile else [plan.to_json() for plan in plans]
         print(json.dumps(output, indent=2))
         return 0
-    from btk.render import render_plan
+    from btk.planner.render import render_plan
 
     if args.env:
         print(f"environment {args.env}: {len(plans)} profile(s) on {nodes} x {instance.name}\n")
@@ -143,8 +143,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
     from btk.knobs import parse_knobs
-    from btk.planner import evaluate_knobs
-    from btk.render import render_evaluation
+    from btk.planner.search import evaluate_knobs
+    from btk.planner.render import render_evaluation
 
     profile = get_profile(args.profile)
     instance = get_instance_type(args.instance)
@@ -176,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
     from btk.errors import InfeasiblePlanError
     from btk.hardware import get_instance_type
-    from btk.planner import longest_sequence_one_node, plan_profile
+    from btk.planner.search import longest_sequence_one_node, plan_profile
 
     profile = get_profile(args.profile)
     names = [name.strip() for name in args.instances.split(",") if name.strip()]
@@ -216,7 +216,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"profile": profile.name, "nodes": args.nodes, "instances": rows}, indent=2))
         return 0
-    from btk.render import render_compare
+    from btk.planner.render import render_compare
 
     print(render_compare(profile.name, args.nodes, rows))
     return 0

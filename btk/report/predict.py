@@ -1,7 +1,7 @@
 """The planner's prediction for the knobs a run used, to compare with what it achieved.
 
 :data:`Predictor` is the seam between the report and the planner: the default,
-:func:`planner_predictor`, asks ``btk.planner.evaluate_knobs`` with the run's profile
+:func:`planner_predictor`, asks ``btk.planner.search.evaluate_knobs`` with the run's profile
 (architecture taken from the run's own ``arch.*`` hyperparameters when present, so a
 profile edited after the run does not skew the comparison), instance type, node count
 and knobs.
@@ -39,9 +39,9 @@ Predictor = Callable[[str, str, int, TrainingKnobs, ModelArchitecture | None], P
 def planner_predictor(
     profile_name: str, instance_type: str, nodes: int, knobs: TrainingKnobs, architecture: ModelArchitecture | None
 ) -> Prediction:
-    """Ask ``btk.planner.evaluate_knobs`` (imported lazily: ``btk report`` works without it)."""
+    """Ask ``btk.planner.search.evaluate_knobs`` (imported lazily: ``btk report`` works without it)."""
     try:
-        from btk.planner import evaluate_knobs
+        from btk.planner.search import evaluate_knobs
     except ImportError as error:
         raise PredictionUnavailableError(f"the planner is not available ({error})") from None
     from btk.catalog import get_profile

@@ -6,7 +6,7 @@
 For each case it trains ``--warmup`` + ``--steps`` steps on synthetic tokens (no data needed)
 with the given knobs and reports, over the timed steps only: tokens/s per GPU, TFLOP/s per
 GPU, MFU (vs the GPU's dense bf16 peak from the btk hardware catalog) and peak memory; and
-the planner's prediction for exactly the same knobs (``btk.planner.evaluate_knobs``).
+the planner's prediction for exactly the same knobs (``btk.planner.search.evaluate_knobs``).
 ``--compare`` also runs the planner's choice and the legacy baseline (``Plan.baseline``)
 back to back and reports the measured and predicted speed-up.
 
@@ -83,7 +83,7 @@ def _knob_overrides(items: Sequence[str]) -> dict[str, str]:
 
 def prediction(profile: ModelProfile, instance: InstanceType, nodes: int, knobs: TrainingKnobs) -> dict[str, Any]:
     """The planner's numbers for these exact knobs (or why it has none)."""
-    from btk.planner import evaluate_knobs
+    from btk.planner.search import evaluate_knobs
 
     try:
         evaluation = evaluate_knobs(profile, instance, nodes, knobs)
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from btk.planner import plan_profile
+    from btk.planner.search import plan_profile
 
     _ensure_process_group()
     started = time.perf_counter()

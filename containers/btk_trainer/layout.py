@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
-from btk.throughput import gradient_accumulation_for
+from btk.planner.throughput import gradient_accumulation_for
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,6 @@ def accumulation_for(knobs: TrainingKnobs, planned_data_parallel: int | None, da
     if planned_data_parallel is None:
         return Accumulation(planned_steps, planned_steps, None, micro * planned_steps * data_parallel)
     planned = micro * planned_steps * planned_data_parallel
-    # The planner's own rule (btk.throughput), in tokens: at least one micro-batch, rounded up.
+    # The planner's own rule (btk.planner.throughput), in tokens: at least one micro-batch, rounded up.
     steps = gradient_accumulation_for(planned * knobs.seq_len, micro, knobs.seq_len, data_parallel)
     return Accumulation(steps, planned_steps, planned, steps * micro * data_parallel)

@@ -142,7 +142,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -
 
 
 # The block's linears: bf16 ones dispatch to mm/addmm, torchao float8 ones to _scaled_mm. All
-# count alike, so fp8 + selective saves the same 4 of 7 outputs as bf16 (what btk.memory models).
+# count alike, so fp8 + selective saves the same 4 of 7 outputs as bf16 (what btk.planner.memory models).
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten._scaled_mm.default}
 
 

@@ -36,7 +36,7 @@ from btk import hardware
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_metric_line
-from btk.throughput import model_flops_per_token
+from btk.planner.throughput import model_flops_per_token
 from btk_trainer import checkpoint
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.entrypoint import load_hyperparameters

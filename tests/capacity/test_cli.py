@@ -14,7 +14,7 @@ from btk.cli import main
 from btk.cli.capacity import fee_per_billion_tokens, tokens_billion
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
 from btk.hardware import get_instance_type
-from btk.planner import plan_profile
+from btk.planner.search import plan_profile
 
 RESERVE_ENV = EnvironmentConfig(
     name="burst",

@@ -13,8 +13,8 @@ import pytest
 from btk.catalog import get_profile
 from btk.hardware import REFERENCE_SYSTEMS
 from btk.knobs import TrainingKnobs
-from btk.memory import estimate_memory
-from btk.throughput import estimate_throughput
+from btk.planner.memory import estimate_memory
+from btk.planner.throughput import estimate_throughput
 
 MEMORY_TOLERANCE = 0.15
 THROUGHPUT_TOLERANCE = 0.25

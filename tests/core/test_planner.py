@@ -12,7 +12,7 @@ from btk.catalog import all_profiles, get_profile
 from btk.errors import InfeasiblePlanError
 from btk.hardware import INSTANCE_TYPES, Fact, InstanceType, get_instance_type
 from btk.knobs import TrainingKnobs
-from btk.planner import evaluate_knobs, plan_profile, speed_bucket
+from btk.planner.search import evaluate_knobs, plan_profile, speed_bucket
 from btk.profile import KnobPins
 
 B200 = get_instance_type("ml.p6-b200.48xlarge")

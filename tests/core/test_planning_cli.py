@@ -33,7 +33,7 @@ def test_profiles_table_lists_catalog(capsys: pytest.CaptureFixture[str]) -> Non
 def test_plan_json_matches_planner(capsys: pytest.CaptureFixture[str]) -> None:
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
-    from btk.planner import plan_profile
+    from btk.planner.search import plan_profile
 
     code, out, _ = run(capsys, "plan", "llama3.2-3b", "--json")
     assert code == 0
@@ -184,7 +184,7 @@ def test_readme_add_a_profile_example_plans() -> None:
     import profiles.llama as llama
     from btk import profile as profile_module
     from btk.hardware import get_instance_type
-    from btk.planner import plan_profile
+    from btk.planner.search import plan_profile
 
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Add a model profile") :]

@@ -17,7 +17,7 @@ from btk.hardware import get_instance_type
 from btk.hyperparameters import from_hyperparameters
 from btk.knobs import knobs_to_hyperparameters
 from btk.metrics import METRICS, format_metric_line
-from btk.planner import plan_profile
+from btk.planner.search import plan_profile
 from training_constructs.pipeline_definition import (
     NCCL_ENVIRONMENT,
     PARAM_INSTANCE_COUNT,

@@ -22,7 +22,7 @@ from report_fixtures import (
 from btk.catalog import get_profile
 from btk.hardware import get_instance_type
 from btk.knobs import TrainingKnobs
-from btk.planner import evaluate_knobs
+from btk.planner.search import evaluate_knobs
 from btk.report.collect import Collection, JobOrigin
 from btk.report.economics import build_report, capacity_wait_seconds
 from btk.report.predict import PredictionUnavailableError, planner_predictor

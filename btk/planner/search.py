@@ -25,9 +25,9 @@ from btk.environment import EnvironmentConfig
 from btk.errors import InfeasiblePlanError
 from btk.hardware import InstanceType, get_instance_type
 from btk.knobs import CHECKPOINTING_MODES, TENSOR_PARALLEL_DEGREES, TrainingKnobs, knobs_to_hyperparameters
-from btk.memory import MemoryBreakdown, estimate_memory
+from btk.planner.memory import MemoryBreakdown, estimate_memory
 from btk.profile import ModelProfile
-from btk.throughput import Estimate, estimate_throughput, gradient_accumulation_for
+from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
 
 MEMORY_SAFETY_FRACTION = 0.90
 SPEED_RESOLUTION = 0.01

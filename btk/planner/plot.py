@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from btk.errors import BtkError
-from btk.planner import Evaluation, Plan
+from btk.planner.search import Evaluation, Plan
 
 PARTS = ("parameters", "gradients", "optimizer", "activations", "logits", "other")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from btk.planner import Evaluation, Plan
+from btk.planner.search import Evaluation, Plan
 
 MEMORY_ROWS = ("parameters", "gradients", "optimizer", "activations", "logits", "other", "total", "capacity")
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
-from btk.memory import parallelism_for
+from btk.planner.memory import parallelism_for
 from btk.profile import ModelArchitecture
 
 WIDTH_HALF_EFFICIENCY = 1024
