@@ -143,8 +143,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
     from btk.knobs import parse_knobs
-    from btk.planner.search import evaluate_knobs
     from btk.planner.render import render_evaluation
+    from btk.planner.search import evaluate_knobs
 
     profile = get_profile(args.profile)
     instance = get_instance_type(args.instance)

@@ -26,8 +26,8 @@ from btk.errors import InfeasiblePlanError
 from btk.hardware import InstanceType, get_instance_type
 from btk.knobs import CHECKPOINTING_MODES, TENSOR_PARALLEL_DEGREES, TrainingKnobs, knobs_to_hyperparameters
 from btk.planner.memory import MemoryBreakdown, estimate_memory
-from btk.profile import ModelProfile
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
+from btk.profile import ModelProfile
 
 MEMORY_SAFETY_FRACTION = 0.90
 SPEED_RESOLUTION = 0.01
