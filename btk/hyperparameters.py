@@ -8,20 +8,29 @@ The pipeline writes them, the trainer reads them back; both through this module.
 * ``train.<field>`` for the :class:`~btk.profile.TrainingIntent` (learning rate, ...);
 * ``job.<field>`` for :class:`JobSettings` (profile name, checkpointing cadence, seed).
 
-Values are strings (SageMaker's contract); nested values are compact JSON, ``None`` is
-the empty string. The round trip is lossless (tested).
+Values are strings (SageMaker's contract); nested values (fields whose type is a model)
+are compact JSON, ``None`` is the empty string. Decoding follows each field's declared type,
+never the text's look, so a string that happens to start with ``{`` stays a string; an
+optional string field refuses the empty string, which would read back as ``None``. The
+round trip is lossless (tested with hypothesis). Unknown keys are refused with the list of
+known ones, so a misspelt hyperparameter cannot silently train with the default; keys in
+SageMaker's own ``sagemaker_`` namespace (which its framework containers add) are ignored.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import types
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from btk.errors import BtkError, one_line
-from btk.knobs import TrainingKnobs, encode_value, knobs_from_hyperparameters, knobs_to_hyperparameters
-from btk.profile import ModelArchitecture, TrainingIntent
+from btk.jsonfile import parse_json
+from btk.knobs import KNOB_FIELDS, TrainingKnobs, encode_value, knobs_from_hyperparameters, knobs_to_hyperparameters
+from btk.profile import PROFILE_NAME_PATTERN, ModelArchitecture, TrainingIntent
+
+SAGEMAKER_RESERVED_PREFIX = "sagemaker_"
 
 
 class JobSettings(BaseModel):
@@ -29,13 +38,15 @@ class JobSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    profile: str
+    profile: str = Field(pattern=PROFILE_NAME_PATTERN, description="the profile's name")
     seed: int = Field(default=1234, ge=0)
     checkpoint_interval_steps: int = Field(default=500, ge=1)
     keep_last_checkpoints: int = Field(default=3, ge=1)
     log_interval_steps: int = Field(default=10, ge=1)
     init_from: str | None = Field(
-        default=None, description="directory of a Hugging Face safetensors checkpoint to fine-tune"
+        default=None,
+        min_length=1,
+        description="directory of a Hugging Face safetensors checkpoint to fine-tune"
     )
     max_steps: int | None = Field(default=None, ge=1, description="stop after this many steps (else from total tokens)")
     collective_timeout_minutes: int = Field(
@@ -77,11 +88,23 @@ def _encode(value: Any) -> str:
     return encode_value(value)
 
 
-def _decode(text: str) -> Any:
-    if text == "":
+def _takes_model(model: type[BaseModel], name: str) -> bool:
+    """Whether field ``name`` of ``model`` holds a nested model (encoded as JSON)."""
+    annotation = model.model_fields[name].annotation
+    options = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return any(isinstance(option, type) and issubclass(option, BaseModel) for option in options)
+
+
+def _takes_none(model: type[BaseModel], name: str) -> bool:
+    annotation = model.model_fields[name].annotation
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
+def _decode(model: type[BaseModel], name: str, key: str, text: str) -> Any:
+    if text == "" and _takes_none(model, name):
         return None
-    if text.startswith("{"):
-        return json.loads(text)
+    if _takes_model(model, name):
+        return parse_json(text, f"hyperparameter {key}")
     return text
 
 
@@ -95,17 +118,36 @@ def to_hyperparameters(spec: JobHyperparameters) -> dict[str, str]:
     return result
 
 
+def known_keys() -> tuple[str, ...]:
+    """Every hyperparameter key a job understands, in a stable order."""
+    keys = list(KNOB_FIELDS)
+    for prefix, attribute in _SECTIONS.items():
+        section_model = JobHyperparameters.model_fields[attribute].annotation
+        assert isinstance(section_model, type) and issubclass(section_model, BaseModel)
+        keys.extend(f"{prefix}{name}" for name in section_model.model_fields)
+    return tuple(keys)
+
+
 def from_hyperparameters(hyperparameters: dict[str, str]) -> JobHyperparameters:
     """Parse SageMaker's ``hyperparameters.json`` back; one-line error naming the key."""
+    known = known_keys()
+    unknown = sorted(
+        key for key in hyperparameters if key not in known and not key.startswith(SAGEMAKER_RESERVED_PREFIX)
+    )
+    if unknown:
+        raise BtkError(
+            f"unknown hyperparameter {', '.join(map(repr, unknown[:5]))}"
+            f"{' and more' if len(unknown) > 5 else ''}; known keys: {', '.join(known)}"
+        )
     knobs = knobs_from_hyperparameters(hyperparameters)
     sections: dict[str, dict[str, Any]] = {attribute: {} for attribute in _SECTIONS.values()}
     for key, value in hyperparameters.items():
         for prefix, attribute in _SECTIONS.items():
             if key.startswith(prefix):
-                try:
-                    sections[attribute][key.removeprefix(prefix)] = _decode(str(value))
-                except json.JSONDecodeError:
-                    raise BtkError(f"hyperparameter {key}: not valid JSON") from None
+                section_model = JobHyperparameters.model_fields[attribute].annotation
+                assert isinstance(section_model, type) and issubclass(section_model, BaseModel)
+                name = key.removeprefix(prefix)
+                sections[attribute][name] = _decode(section_model, name, key, str(value))
     try:
         return JobHyperparameters(knobs=knobs, **sections)
     except ValidationError as error:

@@ -22,6 +22,9 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 CHECKPOINTING_MODES: tuple[str, ...] = get_args(ActivationCheckpointing)
 SHARDING_MODES: tuple[str, ...] = get_args(Sharding)
 TENSOR_PARALLEL_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+MAX_MICRO_BATCH_SIZE = 4096
+MAX_GRADIENT_ACCUMULATION_STEPS = 65536
+MAX_SEQ_LEN = 1_048_576
 
 
 class TrainingKnobs(BaseModel):
@@ -48,9 +51,9 @@ class TrainingKnobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    micro_batch_size: int = Field(ge=1, le=4096)
-    gradient_accumulation_steps: int = Field(default=1, ge=1, le=65536)
-    seq_len: int = Field(ge=16, le=1_048_576)
+    micro_batch_size: int = Field(ge=1, le=MAX_MICRO_BATCH_SIZE)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=MAX_GRADIENT_ACCUMULATION_STEPS)
+    seq_len: int = Field(ge=16, le=MAX_SEQ_LEN)
     precision: Precision = "bf16"
     activation_checkpointing: ActivationCheckpointing = "none"
     sharding: Sharding = "full_shard"

@@ -13,9 +13,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from btk.knobs import ActivationCheckpointing, Precision, Sharding
+from btk.knobs import (
+    MAX_GRADIENT_ACCUMULATION_STEPS,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_SEQ_LEN,
+    ActivationCheckpointing,
+    Precision,
+    Sharding,
+)
 
-PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,62}$")
+MAX_GLOBAL_BATCH_TOKENS = 1 << 30
+"""About a billion tokens per optimizer step: 64x the largest published batch (Llama 3 405B, 16M)."""
+
+PROFILE_NAME_PATTERN = r"^[a-z0-9][a-z0-9.\-]{1,62}$"
+"""A profile name: a lower-case slug of 2-63 characters (pydantic's regex engine: ``$`` is the end of text)."""
+PROFILE_NAME = re.compile(PROFILE_NAME_PATTERN.removeprefix("^").removesuffix("$"))
+"""The same rule for Python's ``re``; use it with ``fullmatch`` (``$`` would accept a trailing newline)."""
 
 
 class RopeScaling(BaseModel):
@@ -126,8 +139,10 @@ class TrainingIntent(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    seq_len: int = Field(ge=16, le=1_048_576)
-    global_batch_tokens: int = Field(ge=16, description="target tokens per optimizer step")
+    seq_len: int = Field(ge=16, le=MAX_SEQ_LEN)
+    global_batch_tokens: int = Field(
+        ge=16, le=MAX_GLOBAL_BATCH_TOKENS, description="target tokens per optimizer step"
+    )
     total_tokens: int | None = Field(default=None, ge=1, description="training budget in tokens")
     learning_rate: float = Field(default=3e-4, gt=0, lt=1)
     min_learning_rate_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -141,8 +156,8 @@ class KnobPins(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    micro_batch_size: int | None = Field(default=None, ge=1)
-    gradient_accumulation_steps: int | None = Field(default=None, ge=1)
+    micro_batch_size: int | None = Field(default=None, ge=1, le=MAX_MICRO_BATCH_SIZE)
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1, le=MAX_GRADIENT_ACCUMULATION_STEPS)
     precision: Precision | None = None
     activation_checkpointing: ActivationCheckpointing | None = None
     sharding: Sharding | None = None
@@ -173,7 +188,7 @@ class ModelProfile(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelProfile:
-        if not PROFILE_NAME.match(self.name):
+        if not PROFILE_NAME.fullmatch(self.name):
             raise ValueError(f"name {self.name!r} must be a lower-case slug (letters, digits, '.', '-')")
         if self.training.seq_len > self.architecture.max_context:
             raise ValueError(

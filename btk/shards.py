@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from btk.errors import BtkError, one_line
+from btk.jsonfile import read_json_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -129,10 +130,7 @@ def read_manifest(directory: Path) -> ShardManifest:
     path = directory / MANIFEST_NAME
     if not path.is_file():
         raise BtkError(f"dataset {directory}: no {MANIFEST_NAME}; run the tokenize tool (btk-tokenize) first")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise BtkError(f"dataset {directory}: {MANIFEST_NAME} is not valid JSON ({error.msg})") from None
+    data = read_json_file(path, f"dataset {directory}: {MANIFEST_NAME}")
     try:
         return ShardManifest.model_validate(data)
     except ValidationError as error:

@@ -1,0 +1,143 @@
+"""Hostile input to the typed core: every bad value is one line naming the field, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from btk.errors import BtkError
+from btk.hyperparameters import (
+    JobHyperparameters,
+    JobSettings,
+    from_hyperparameters,
+    known_keys,
+    to_hyperparameters,
+)
+from btk.jsonfile import MAX_JSON_DEPTH, parse_json, read_json_file
+from btk.knobs import TrainingKnobs
+from btk.profile import KnobPins, ModelArchitecture, ModelProfile, TrainingIntent
+from btk.shards import read_manifest
+
+ARCH = ModelArchitecture(
+    num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=128,
+    vocab_size=256, max_context=256,
+)  # fmt: skip
+TRAINING = TrainingIntent(seq_len=64, global_batch_tokens=1024)
+
+
+def _spec(**job: object) -> JobHyperparameters:
+    return JobHyperparameters(
+        knobs=TrainingKnobs(micro_batch_size=1, seq_len=64),
+        architecture=ARCH,
+        training=TRAINING,
+        job=JobSettings.model_validate({"profile": "tiny-test", **job}),
+    )
+
+
+HOSTILE_JSON: dict[str, bytes] = {
+    "invalid UTF-8": b'{"a": "\xff\xfe"}',
+    "deep nesting": b"[" * 100_000 + b"]" * 100_000,
+    "nesting past the limit": b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1),
+    "5000-digit integer": b'{"a": ' + b"9" * 5000 + b"}",
+    "truncated": b'{"a": ',
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("content", HOSTILE_JSON.values(), ids=HOSTILE_JSON.keys())
+def test_hostile_json_is_one_line_naming_the_file(content: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "hyperparameters.json"
+    path.write_bytes(content)
+    with pytest.raises(BtkError) as raised:
+        read_json_file(path, "hyperparameters.json")
+    assert "\n" not in str(raised.value) and str(raised.value).startswith("hyperparameters.json: ")
+
+
+def test_json_file_that_is_a_directory_or_missing_is_one_line(tmp_path: Path) -> None:
+    for path, words in ((tmp_path, "is a directory"), (tmp_path / "absent.json", "not found")):
+        with pytest.raises(BtkError, match=words):
+            read_json_file(path)
+
+
+@pytest.mark.parametrize("content", HOSTILE_JSON.values(), ids=HOSTILE_JSON.keys())
+def test_hostile_shard_manifest_is_one_line(content: bytes, tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(BtkError, match=r"^dataset .*manifest\.json: [^\n]*$"):
+        read_manifest(tmp_path)
+
+
+def test_parse_json_accepts_the_kits_own_nesting() -> None:
+    assert parse_json('{"shards": [{"file": "a"}]}', "x") == {"shards": [{"file": "a"}]}
+
+
+@pytest.mark.parametrize("profile", ["{x", "[1]"])
+def test_profile_names_that_are_not_slugs_are_refused(profile: str) -> None:
+    with pytest.raises(ValidationError, match="profile"):
+        _spec(profile=profile)
+
+
+@pytest.mark.parametrize("profile", ["true", "null", "12", "1e5"])
+def test_profile_names_that_look_like_json_values_stay_strings(profile: str) -> None:
+    spec = _spec(profile=profile)
+    assert from_hyperparameters(to_hyperparameters(spec)) == spec
+
+
+@pytest.mark.parametrize("init_from", ["{x", "/opt/ml/input/data/model", "s3-like:{}", " "])
+def test_init_from_round_trips_whatever_it_looks_like(init_from: str) -> None:
+    spec = _spec(init_from=init_from)
+    assert from_hyperparameters(to_hyperparameters(spec)) == spec
+
+
+def test_empty_init_from_is_refused_because_it_would_read_back_as_none() -> None:
+    with pytest.raises(ValidationError, match="init_from"):
+        _spec(init_from="")
+
+
+def test_unknown_hyperparameter_is_refused_with_the_known_keys() -> None:
+    encoded = to_hyperparameters(_spec()) | {"precison": "fp8_tensorwise"}
+    with pytest.raises(BtkError) as raised:
+        from_hyperparameters(encoded)
+    message = str(raised.value)
+    assert "'precison'" in message and "precision" in message and "\n" not in message
+
+
+def test_sagemaker_namespace_keys_are_ignored() -> None:
+    spec = _spec()
+    assert from_hyperparameters(to_hyperparameters(spec) | {"sagemaker_program": "train.py"}) == spec
+
+
+def test_known_keys_are_exactly_what_the_encoder_writes() -> None:
+    assert sorted(known_keys()) == sorted(to_hyperparameters(_spec()))
+
+
+def test_nested_hyperparameter_that_is_not_json_names_the_key() -> None:
+    encoded = to_hyperparameters(_spec()) | {"arch.rope_scaling": "{not json"}
+    with pytest.raises(BtkError, match=r"hyperparameter arch\.rope_scaling: not valid JSON"):
+        from_hyperparameters(encoded)
+
+
+@pytest.mark.parametrize("name", ["dev\n", "llama\n", "a", "UPPER", "-lead", "x" * 64])
+def test_profile_names_are_matched_whole(name: str) -> None:
+    with pytest.raises(ValidationError, match="name"):
+        ModelProfile(name=name, family="t", architecture=ARCH, training=TRAINING)
+
+
+def test_global_batch_has_an_upper_bound_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="global_batch_tokens"):
+        TrainingIntent(seq_len=64, global_batch_tokens=10**30)
+
+
+@pytest.mark.parametrize("field", ["micro_batch_size", "gradient_accumulation_steps"])
+def test_pins_share_the_knobs_bounds(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        KnobPins.model_validate({field: 10**6})
+
+
+def test_hyperparameters_file_round_trips_through_json(tmp_path: Path) -> None:
+    spec = _spec(init_from="{weights}")
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(json.dumps(to_hyperparameters(spec)))
+    assert from_hyperparameters(read_json_file(path)) == spec
