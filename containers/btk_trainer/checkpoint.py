@@ -21,6 +21,10 @@ directory is gone by then, so no two nodes race on one rename. Only directories 
 On start every rank lists its complete checkpoints and all ranks resume from the newest step
 that *every* rank sees (:func:`agreed_latest_checkpoint`): node-local directories restored
 from S3 can differ when a node was cut off mid-upload.
+
+:class:`Checkpointer` is what the training loop talks to: it decides when to save
+(:meth:`Checkpointer.should_save`) and carries the trainer's own state
+(:class:`TrainerState`: the step and the data position) beside model and optimizer.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.stateful import Stateful
 
 from btk.errors import BtkError
 
@@ -166,3 +171,75 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
         _set_rng_state(torch.load(rng_file, weights_only=False))
     trainer: dict[str, Any] = json.loads(state["trainer"])
     return trainer
+
+
+class TrainerState:
+    """What a checkpoint holds besides model, optimizer and each rank's RNG: the step and the data position.
+
+    Saved as JSON inside the checkpoint (``{"step": ..., "sampler": ...}``).
+    """
+
+    def __init__(self, data: Stateful, step: int = 0) -> None:
+        self.step = step
+        self.data = data
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "sampler": self.data.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.data.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+
+
+class Checkpointer:
+    """When to checkpoint, and what: model, optimizer and :class:`TrainerState` under ``root``.
+
+    ``root=None`` (benchmarks, most tests): never saves, never resumes.
+    """
+
+    def __init__(
+        self,
+        root: Path | None,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: TrainerState,
+        interval: int,
+        keep: int,
+        local_rank: int,
+    ) -> None:
+        self.root = root
+        self.model, self.optimizer, self.state = model, optimizer, state
+        self.interval, self.keep, self.local_rank = interval, keep, local_rank
+        self.last_saved: int | None = None  # newest step on disk: saved by this run or resumed from
+
+    def should_save(self, step: int, *, stop_requested: bool) -> bool:
+        """Every ``interval`` steps and when a stop is requested; never twice for one step.
+
+        The last step is not saved for being last: a finished run's result is the exported model.
+        """
+        if self.root is None or step == self.last_saved:
+            return False
+        return stop_requested or step % self.interval == 0
+
+    def save(self) -> None:
+        """Write a checkpoint of the current :attr:`state`; collective over all ranks."""
+        if self.root is None:
+            raise RuntimeError("no checkpoint directory to save into")
+        save(self.root, self.state.step, self.model, self.optimizer, self.state.state_dict(),
+             local_rank=self.local_rank, keep=self.keep)
+        self.last_saved = self.state.step
+
+    def resume(self) -> Path | None:
+        """Load the newest checkpoint complete on every rank into model, optimizer and :attr:`state`.
+
+        Returns its directory, or None for a fresh start. Collective over all ranks.
+        """
+        if self.root is None:
+            return None
+        latest = agreed_latest_checkpoint(self.root)
+        if latest is None:
+            return None
+        self.state.load_state_dict(load(latest[1], self.model, self.optimizer))
+        self.last_saved = self.state.step
+        return latest[1]

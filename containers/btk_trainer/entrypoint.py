@@ -10,7 +10,8 @@ SageMaker starts the container as ``<entrypoint> train`` on every node. This mod
    ``/opt/ml/output/failure``) and exit code 2 *before any GPU work*;
 3. runs ``torchrun`` with ``nnodes`` = hosts, ``node_rank`` = this host's index in the sorted
    hosts, master = the first sorted host, one process per GPU, and forwards SIGTERM straight to
-   the training processes so they can checkpoint (see :mod:`btk_trainer.train`).
+   the training processes so they can checkpoint (see :mod:`btk_trainer.train`), and exits
+   with torchrun's status (0 only when every training process exited 0).
 
 ``--dry-run`` prints the command and environment as JSON instead of running it.
 """
@@ -203,9 +204,11 @@ def _children(pid: int) -> list[int]:
 
 
 def run(plan: LaunchPlan) -> int:
-    """Run torchrun; SIGTERM goes to the training processes (they checkpoint), not to torchrun,
+    """Run torchrun and return its exit status: 0 when every training process exited 0.
 
-    whose own SIGTERM path would kill them after a fixed 30 s grace.
+    SIGTERM goes to the training processes (they checkpoint), not to torchrun, whose own
+    SIGTERM path would kill them after a fixed 30 s grace. torchrun killed by a signal
+    returns 128 + the signal number, as a shell reports it, not Popen's negative number.
     """
     env = {**os.environ, **plan.env}
     pending: list[int] = []
@@ -220,21 +223,28 @@ def run(plan: LaunchPlan) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    signal.signal(signal.SIGTERM, forward)  # before Popen: an early stop must not kill this process
-    launcher = subprocess.Popen(plan.command, env=env)
-    if pending:
-        forward(pending[0], None)
-    return launcher.wait()
+    previous = signal.signal(signal.SIGTERM, forward)  # before Popen: an early stop must not kill this process
+    try:
+        launcher = subprocess.Popen(plan.command, env=env)
+        if pending:
+            forward(pending[0], None)
+        status = launcher.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - status if status < 0 else status
 
 
-def _fail(message: str, failure_file: Path) -> int:
+def report_failure(message: str, failure_file: Path | None) -> int:
+    """Print ``btk: error: <message>`` as one stderr line and into ``failure_file`` (SageMaker's
+    failure reason) when given; returns the exit status of a user error, 2."""
     line = f"btk: error: {message}"
     print(line, file=sys.stderr, flush=True)
-    try:
-        failure_file.parent.mkdir(parents=True, exist_ok=True)
-        failure_file.write_text(line + "\n")
-    except OSError:
-        pass
+    if failure_file is not None:
+        try:
+            failure_file.parent.mkdir(parents=True, exist_ok=True)
+            failure_file.write_text(line + "\n")
+        except OSError:
+            pass
     return 2
 
 
@@ -254,7 +264,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         plan = build_launch(args.config_dir, env, data_dir=args.data_dir, synthetic_data=args.synthetic_data,
                             master_port=args.master_port, failure_file=args.failure_file)
     except BtkError as error:
-        return _fail(str(error), args.failure_file)
+        return report_failure(str(error), args.failure_file)
     if args.dry_run:
         print(json.dumps({"command": plan.command, "env": plan.env}, indent=2))
         return 0

@@ -14,13 +14,62 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in torchtitan and transformers)
 from torch import nn
 
 from btk.profile import ModelArchitecture, RopeScaling
+
+
+class ParameterInit:
+    """Fills parameters for :meth:`Decoder.init_weights`, the same values under any layout.
+
+    Each parameter is drawn in full (fp32) from its own generator, seeded by ``seed`` and the
+    parameter's position in the model, and then only this rank's shard is kept. The same seed
+    therefore gives the same model whether it is plain, FSDP-sharded or split by tensor
+    parallelism, and whatever wraps the blocks (activation checkpointing, compile, float8).
+    """
+
+    def __init__(self, model: nn.Module, seed: int) -> None:
+        self.seed = seed
+        self._index = {id(parameter): index for index, parameter in enumerate(model.parameters())}
+        self._pending = set(self._index)
+
+    def normal(self, parameter: torch.Tensor, std: float) -> None:
+        generator = torch.Generator(device=parameter.device).manual_seed(self.seed * 1_000_003 + self._take(parameter))
+        full = torch.empty(parameter.shape, device=parameter.device).normal_(0.0, std, generator=generator)
+        self._fill(parameter, full)
+
+    def ones(self, parameter: torch.Tensor) -> None:
+        self._take(parameter)
+        self._fill(parameter, torch.ones(parameter.shape, device=parameter.device))
+
+    def zeros(self, parameter: torch.Tensor) -> None:
+        self._take(parameter)
+        self._fill(parameter, torch.zeros(parameter.shape, device=parameter.device))
+
+    def check_complete(self) -> None:
+        """A parameter no block initialised would keep ``to_empty``'s garbage: refuse it."""
+        if self._pending:
+            raise RuntimeError(f"init_weights left {len(self._pending)} parameter(s) uninitialised")
+
+    def _take(self, parameter: torch.Tensor) -> int:
+        index = self._index[id(parameter)]
+        self._pending.discard(id(parameter))
+        return index
+
+    @staticmethod
+    def _fill(parameter: torch.Tensor, full: torch.Tensor) -> None:
+        # A sharded parameter is a DTensor: keep the slice of the full tensor this rank holds.
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(parameter, DTensor):
+            local = distribute_tensor(full, parameter.device_mesh, parameter.placements, src_data_rank=None)
+            parameter.to_local().copy_(local.to_local())
+        else:
+            parameter.copy_(full)
 
 
 class RMSNorm(nn.Module):
@@ -111,6 +160,13 @@ class Attention(nn.Module):
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         return projected
 
+    def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            init.normal(projection.weight, std)
+            if projection.bias is not None:
+                init.zeros(projection.bias)
+        init.normal(self.o_proj.weight, depth_std)
+
 
 class MLP(nn.Module):
     """SwiGLU feed-forward."""
@@ -124,6 +180,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out
+
+    def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
+        init.normal(self.gate_proj.weight, std)
+        init.normal(self.up_proj.weight, std)
+        init.normal(self.down_proj.weight, depth_std)
 
 
 class DecoderLayer(nn.Module):
@@ -140,6 +201,12 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
+
+    def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
+        init.ones(self.input_layernorm.weight)
+        self.self_attn.init_weights(init, std, depth_std)
+        init.ones(self.post_attention_layernorm.weight)
+        self.mlp.init_weights(init, std, depth_std)
 
 
 class DecoderBody(nn.Module):
@@ -219,19 +286,23 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int, std: float = 0.02) -> None:
-        """Deterministic initialisation: normal(0, std) matrices, depth-scaled output projections."""
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-        depth_std = std / math.sqrt(2 * self.arch.num_layers)
-        for name, parameter in self.named_parameters():
-            if parameter.ndim == 1:
-                values = torch.ones_like(parameter, device="cpu") if "norm" in name else torch.zeros_like(
-                    parameter, device="cpu"
-                )
-            else:
-                scale = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
-                values = torch.empty(parameter.shape, dtype=torch.float32).normal_(0.0, scale, generator=generator)
-            parameter.copy_(values.to(parameter.dtype))
+        """The one initialisation, for a plain model and a parallelised one alike (see :class:`ParameterInit`).
 
+        Matrices are normal(0, ``std``); the projections that write into the residual stream
+        (``o_proj``, ``down_proj``) use ``std / sqrt(2 * num_layers)`` so its variance does not
+        grow with depth; norms start at one, biases at zero. Each block initialises its own
+        parameters (through whatever wraps it: activation checkpointing and compile forward
+        attribute lookups).
+        """
+        init = ParameterInit(self, seed)
+        depth_std = std / math.sqrt(2 * self.arch.num_layers)
+        init.normal(self.model.embed_tokens.weight, std)
+        for layer in self.model.layers:
+            cast(DecoderLayer, layer).init_weights(init, std, depth_std)  # or a wrapper forwarding to one
+        init.ones(self.model.norm.weight)
+        if not self.weights_tied:
+            init.normal(self.lm_head.weight, std)
+        init.check_complete()
 
 def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any]:
     """A Hugging Face ``config.json`` for the architecture (Llama, or Qwen2 when it has qkv bias)."""

@@ -9,6 +9,11 @@ the schedule comes from :class:`~btk.profile.TrainingIntent` (warmup + cosine to
 ``min_learning_rate_ratio * learning_rate``, AdamW, gradient clipping, gradient accumulation).
 SIGTERM (SageMaker stop, spot reclaim) makes every rank finish its step, write a checkpoint
 and exit 0; a restarted job resumes from the latest complete checkpoint.
+
+:class:`Trainer` holds one run as named steps: set up device and mesh, build model,
+optimizer and data, resume, then the loop (train step, agree on stopping, log, checkpoint
+when :class:`~btk_trainer.checkpoint.Checkpointer` says so). :func:`exit_code` says what the
+process's exit status means.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import math
 import os
 import re
 import signal
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +35,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from btk import hardware
@@ -37,10 +43,11 @@ from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_metric_line
 from btk.planner.throughput import model_flops_per_token
-from btk_trainer import checkpoint
+from btk.profile import TrainingIntent
+from btk_trainer.checkpoint import Checkpointer, TrainerState
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
-from btk_trainer.entrypoint import load_hyperparameters
-from btk_trainer.layout import accumulation_for
+from btk_trainer.entrypoint import load_hyperparameters, report_failure
+from btk_trainer.layout import MeshShape, accumulation_for
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import (
     build_mesh,
@@ -51,6 +58,9 @@ from btk_trainer.parallelize import (
 )
 
 GIB = 1024**3
+# Stopped by SIGTERM with no checkpoint of the last step (no checkpoint directory): the work is lost,
+# so the exit status must not read as success. 128 + SIGTERM, the shell's code for "killed by SIGTERM".
+EXIT_STOPPED_UNSAVED = 128 + signal.SIGTERM
 
 
 class SyntheticWindows:
@@ -91,13 +101,28 @@ class RunConfig:
 
 @dataclass
 class RunResult:
+    """What a run did; tests and the benchmark read it, :func:`exit_code` turns it into an exit status."""
+
     steps_done: int
-    interrupted: bool
+    interrupted: bool  # stopped by SIGTERM before the last step
     resumed_from: int | None
+    saved_step: int | None = None  # newest checkpoint on disk: written by this run or resumed from
     losses: dict[int, float] = field(default_factory=dict)
     grad_norms: dict[int, float] = field(default_factory=dict)
     final_state: dict[str, torch.Tensor] | None = None
     metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+def exit_code(result: RunResult) -> int:
+    """0 when the run finished, or was stopped with its last step checkpointed; else :data:`EXIT_STOPPED_UNSAVED`.
+
+    A SageMaker stop (StopTrainingJob) or a spot reclaim sends SIGTERM; a run that then saved
+    cleanly has done what was asked of it (a restarted job resumes there), so it exits 0.
+    Errors are non-zero elsewhere: 2 for a one-line user error, 1 for an uncaught exception.
+    """
+    if result.interrupted and result.saved_step != result.steps_done:
+        return EXIT_STOPPED_UNSAVED
+    return 0
 
 
 def learning_rate(step: int, *, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -208,30 +233,6 @@ def forward_backward(
     return loss_sum
 
 
-@torch.no_grad()
-def init_parameters(model: Decoder, seed: int, std: float = 0.02) -> None:
-    """Layout-independent init: each full parameter from its own seeded generator, then this rank's shard.
-
-    The same seed gives the same model whatever the sharding or TP degree.
-    """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    depth_std = std / math.sqrt(2 * model.arch.num_layers)
-    for index, (name, parameter) in enumerate(model.named_parameters()):
-        shape, device = parameter.shape, parameter.device
-        if parameter.ndim == 1:
-            full = torch.ones(shape, device=device) if "norm" in name else torch.zeros(shape, device=device)
-        else:
-            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index)
-            scale = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
-            full = torch.empty(shape, device=device).normal_(0.0, scale, generator=generator)
-        if isinstance(parameter, DTensor):
-            local = distribute_tensor(full, parameter.device_mesh, parameter.placements, src_data_rank=None)
-            parameter.to_local().copy_(local.to_local())
-        else:
-            parameter.copy_(full)
-
-
 def load_pretrained(model: Decoder, directory: Path) -> None:
     """Load a Hugging Face safetensors checkpoint into the (sharded) model; rank 0 reads the files."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -262,67 +263,96 @@ def setup_distributed(device: torch.device, timeout_minutes: int) -> None:
         dist.init_process_group(backend="gloo", timeout=timeout)
 
 
-def train(config: RunConfig) -> RunResult:
-    """Run (or resume) training; the process group must be initialised or be initialisable from env."""
-    spec, knobs = config.spec, config.spec.knobs
+@dataclass(frozen=True)
+class Placement:
+    """Where this process trains: its device, its ranks, and the compute capability precision checks see."""
+
+    device: torch.device
+    capability: tuple[int, int] | None
+    local_rank: int
+    rank: int
+    world: int
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def set_up_device(config: RunConfig) -> Placement:
+    """Pick this rank's device, then join the process group on it."""
     device_type = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     # The GPU is chosen before the process group exists, so NCCL binds to it (not to GPU 0).
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))  # torchrun sets both
+    capability: tuple[int, int] | None = None
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        capability: tuple[int, int] | None = torch.cuda.get_device_capability(device)
+        capability = torch.cuda.get_device_capability(device)
     else:
-        device, capability = torch.device("cpu"), None
-    capability = config.capability or capability
-    setup_distributed(device, spec.job.collective_timeout_minutes)
-    rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cpu")
+    setup_distributed(device, config.spec.job.collective_timeout_minutes)
+    rank = dist.get_rank()
     if "LOCAL_RANK" not in os.environ and device_type != "cuda":
         local_rank = rank
-    on_gpu = device.type == "cuda"
-    param_dtype = getattr(torch, config.param_dtype or ("bfloat16" if on_gpu else "float32"))
-    shape = mesh_shape(world, config.nnodes, knobs)
-    mesh = build_mesh(shape, device_type)
-    dp_rank, dp_size = data_parallel_rank(mesh)
-    accumulation = accumulation_for(knobs, spec.job.planned_data_parallel, dp_size)
-    if accumulation.rescaled:
-        knobs = knobs.model_copy(update={"gradient_accumulation_steps": accumulation.steps})
-        spec = spec.model_copy(update={"knobs": knobs})
-        if rank == 0:
-            print(
-                f"btk: {dp_size} data-parallel ranks, knobs planned for {spec.job.planned_data_parallel}: "
-                f"gradient_accumulation_steps={accumulation.steps} keeps the global batch at "
-                f"{accumulation.global_batch} sequences (planned {accumulation.planned_global_batch})",
-                flush=True,
-            )
-    steps = total_steps(spec, dp_size, config.max_steps)
-    torch.manual_seed(spec.job.seed)
+    return Placement(device=device, capability=config.capability or capability, local_rank=local_rank,
+                     rank=rank, world=dist.get_world_size())
 
+
+def rescale_accumulation(spec: JobHyperparameters, dp_size: int, *, announce: bool) -> JobHyperparameters:
+    """The spec with ``gradient_accumulation_steps`` changed so the planned global batch survives ``dp_size``."""
+    knobs = spec.knobs
+    accumulation = accumulation_for(knobs, spec.job.planned_data_parallel, dp_size)
+    if not accumulation.rescaled:
+        return spec
+    if announce:
+        print(
+            f"btk: {dp_size} data-parallel ranks, knobs planned for {spec.job.planned_data_parallel}: "
+            f"gradient_accumulation_steps={accumulation.steps} keeps the global batch at "
+            f"{accumulation.global_batch} sequences (planned {accumulation.planned_global_batch})",
+            flush=True,
+        )
+    knobs = knobs.model_copy(update={"gradient_accumulation_steps": accumulation.steps})
+    return spec.model_copy(update={"knobs": knobs})
+
+
+def build_model(config: RunConfig, spec: JobHyperparameters, placement: Placement, mesh: DeviceMesh,
+                shape: MeshShape) -> Decoder:
+    """Build on the meta device, apply every knob (:func:`parallelize`), materialise, then initialise or load."""
+    knobs, on_gpu = spec.knobs, placement.on_gpu
+    param_dtype = getattr(torch, config.param_dtype or ("bfloat16" if on_gpu else "float32"))
     with torch.device("meta"):
         model = Decoder(spec.architecture)
     parallelize(
         model, knobs, mesh, shape,
         param_dtype=None if param_dtype == torch.float32 else param_dtype,
-        capability=capability,
+        capability=placement.capability,
         compile_enabled=(knobs.compile if on_gpu else False) if config.compile is None else config.compile,
         fused_loss_enabled=knobs.fused_loss and on_gpu,
     )
-    model.to_empty(device=device)
+    model.to_empty(device=placement.device)
     if spec.architecture.tied_embeddings and not model.weights_tied:  # FSDP2 swaps tensors in place
         raise RuntimeError("tied embeddings were untied while materialising the model")
     if spec.job.init_from:
         load_pretrained(model, Path(spec.job.init_from))
     else:
-        init_parameters(model, spec.job.seed)
+        model.init_weights(spec.job.seed)
+    return model
 
+
+def build_optimizer(model: Decoder, intent: TrainingIntent, *, on_gpu: bool) -> torch.optim.Optimizer:
+    """AdamW, no weight decay on norms and biases (the 1-D parameters)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    intent = spec.training
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": intent.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=intent.learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=on_gpu, foreach=None if on_gpu else True,
     )
 
+
+def build_data(config: RunConfig, spec: JobHyperparameters, dp_rank: int, dp_size: int) -> tuple[
+        Windows, ResumableSampler]:
+    """The token windows (shards, or synthetic without a data directory) and this rank's sampler over them."""
+    knobs = spec.knobs
     windows: Windows
     if config.data_dir is None:
         windows = SyntheticWindows(spec.architecture.vocab_size, knobs.seq_len, seed=spec.job.seed)
@@ -333,103 +363,172 @@ def train(config: RunConfig) -> RunResult:
             raise BtkError(f"dataset vocab_size {vocab} exceeds arch.vocab_size {spec.architecture.vocab_size}")
     sampler = ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=dp_rank,
                                dp_size=dp_size, seed=spec.job.seed)
+    return windows, sampler
 
-    start_step, resumed_from = 0, None
-    if config.checkpoint_dir is not None:
-        latest = checkpoint.agreed_latest_checkpoint(config.checkpoint_dir)
-        if latest is not None:
-            trainer_state = checkpoint.load(latest[1], model, optimizer)
-            sampler.load_state_dict(trainer_state["sampler"])
-            start_step = resumed_from = int(trainer_state["step"])
-            if rank == 0:
-                print(f"btk: resumed from {latest[1]} (step {start_step})", flush=True)
 
-    flops_per_token = model_flops_per_token(spec.architecture, knobs.seq_len)
-    peak = peak_bf16_tflops(device)
-    tokens_per_gpu_step = knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len * dp_size / world
-    result = RunResult(steps_done=start_step, interrupted=False, resumed_from=resumed_from)
-    log_every = spec.job.log_interval_steps
-    last_saved = start_step
+class ThroughputWindow:
+    """Wall time and steps since the last metric line; time spent saving checkpoints is left out."""
 
-    def save(step: int) -> None:
-        nonlocal last_saved
-        if config.checkpoint_dir is None or step == last_saved:
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.started, self.steps = time.perf_counter(), 0
+
+    def count_step(self) -> None:
+        self.steps += 1
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        paused_at = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.started += time.perf_counter() - paused_at
+
+
+class Trainer:
+    """One run: the set-up steps in :meth:`__init__`, then :meth:`train` (torchtitan's ``Trainer`` shape)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.placement = set_up_device(config)
+        self.shape = mesh_shape(self.placement.world, config.nnodes, config.spec.knobs)
+        self.mesh = build_mesh(self.shape, self.placement.device.type)
+        self.dp_rank, self.dp_size = data_parallel_rank(self.mesh)
+        self.spec = rescale_accumulation(config.spec, self.dp_size, announce=self.is_logger)
+        self.total_steps = total_steps(self.spec, self.dp_size, config.max_steps)
+        torch.manual_seed(self.spec.job.seed)
+        self.model = build_model(config, self.spec, self.placement, self.mesh, self.shape)
+        self.optimizer = build_optimizer(self.model, self.spec.training, on_gpu=self.placement.on_gpu)
+        self.windows, self.sampler = build_data(config, self.spec, self.dp_rank, self.dp_size)
+        self.state = TrainerState(self.sampler)
+        self.checkpointer = Checkpointer(
+            config.checkpoint_dir, model=self.model, optimizer=self.optimizer, state=self.state,
+            interval=self.spec.job.checkpoint_interval_steps, keep=self.spec.job.keep_last_checkpoints,
+            local_rank=self.placement.local_rank,
+        )
+        self.resumed_from = self.resume()
+        # One all-reduce for every fp8 weight's scale after each step, not one per weight.
+        self.precompute_float8_scales = float8_all_gather_enabled(self.spec.knobs.precision, self.shape)
+        knobs = self.spec.knobs
+        self.tokens_per_gpu_step = (knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len
+                                    * self.dp_size / self.placement.world)
+        self.flops_per_token = model_flops_per_token(self.spec.architecture, knobs.seq_len)
+        self.peak_tflops = peak_bf16_tflops(self.placement.device)
+        self.window = ThroughputWindow()
+
+    @property
+    def is_logger(self) -> bool:
+        return self.placement.rank == 0
+
+    def resume(self) -> int | None:
+        """Continue from the newest checkpoint every rank has, if any; the step it holds."""
+        path = self.checkpointer.resume()
+        if path is None:
+            return None
+        if self.is_logger:
+            print(f"btk: resumed from {path} (step {self.state.step})", flush=True)
+        return self.state.step
+
+    def train(self) -> RunResult:
+        """Step until the last step or an agreed stop; export the model after the last one."""
+        result = RunResult(steps_done=self.state.step, interrupted=False, resumed_from=self.resumed_from)
+        if self.placement.on_gpu:
+            torch.cuda.reset_peak_memory_stats(self.placement.device)
+        self.window.reset()
+        with _StopFlag() as stop:
+            while self.state.step < self.total_steps and not result.interrupted:
+                self.state.step += 1
+                step = self.state.step
+                loss_sum, grad_norm = self.train_step(step)
+                result.grad_norms[step], result.steps_done = float(grad_norm), step
+                self.window.count_step()
+                if self.config.on_step_end is not None:
+                    self.config.on_step_end(step)
+                result.interrupted = self.stop_agreed(stop)
+                if step % self.spec.job.log_interval_steps == 0 or step == self.total_steps or result.interrupted:
+                    self.log(step, loss_sum, result)
+                if self.checkpointer.should_save(step, stop_requested=result.interrupted):
+                    with self.window.paused():  # tokens/s counts training time only
+                        self.checkpointer.save()
+        result.saved_step = self.checkpointer.last_saved
+        if result.interrupted:
+            self.announce_stop(result)
+        else:
+            self.finish(result)
+        return result
+
+    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step: learning rate, accumulated gradients, clipping, update; (summed loss, grad norm)."""
+        intent = self.spec.training
+        lr = learning_rate(step, peak=intent.learning_rate, warmup=intent.warmup_steps, total=self.total_steps,
+                           min_ratio=intent.min_learning_rate_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,
+                                    self.spec.knobs.gradient_accumulation_steps,
+                                    defer_all_reduce=self.shape.dp_replicate > 1)
+        grad_norm = clip_grad_norm(list(self.model.parameters()), intent.max_grad_norm)
+        self.optimizer.step()
+        if self.precompute_float8_scales:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(self.model)
+        return loss_sum, grad_norm
+
+    def stop_agreed(self, stop: _StopFlag) -> bool:
+        """Whether any rank got SIGTERM: all ranks then stop at this same step."""
+        flags = torch.tensor([1 if stop.requested else 0], device=self.placement.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags.item())
+
+    def log(self, step: int, loss_sum: torch.Tensor, result: RunResult) -> None:
+        """Average the loss over ranks, measure the window since the last line, print one metric line (rank 0)."""
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        mean_loss = loss_sum.item() / self.placement.world
+        tokens_per_second = self.tokens_per_gpu_step * self.window.steps / self.window.seconds()
+        tflops = self.flops_per_token * tokens_per_second / 1e12
+        mfu = tflops / self.peak_tflops if self.peak_tflops else 0.0
+        device = self.placement.device
+        peak_gib = torch.cuda.max_memory_allocated(device) / GIB if self.placement.on_gpu else 0.0
+        result.losses[step] = mean_loss
+        result.metrics.append({
+            "step": step, "loss": mean_loss, "tokens_per_second_per_gpu": tokens_per_second,
+            "tflops_per_gpu": tflops, "mfu": mfu, "peak_memory_gib": peak_gib,
+        })
+        if self.is_logger:
+            print(format_metric_line(step=step, loss=mean_loss, tokens_per_second_per_gpu=tokens_per_second,
+                                     tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib), flush=True)
+        self.window.reset()
+
+    def announce_stop(self, result: RunResult) -> None:
+        if not self.is_logger:
             return
-        state = {"step": step, "sampler": sampler.state_dict()}
-        checkpoint.save(config.checkpoint_dir, step, model, optimizer, state,
-                        local_rank=local_rank, keep=spec.job.keep_last_checkpoints)
-        last_saved = step
+        if result.saved_step == result.steps_done:
+            print(f"btk: SIGTERM: checkpoint at step {result.steps_done} written, exiting", flush=True)
+        else:
+            print(f"btk: SIGTERM at step {result.steps_done}: no checkpoint directory, progress lost", flush=True)
 
-    precompute_float8_scales = float8_all_gather_enabled(knobs.precision, shape)
-    if precompute_float8_scales:
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats(device)
-    window_start, window_steps = time.perf_counter(), 0
-    with _StopFlag() as stop:
-        for step in range(start_step + 1, steps + 1):
-            lr = learning_rate(step, peak=intent.learning_rate, warmup=intent.warmup_steps, total=steps,
-                               min_ratio=intent.min_learning_rate_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = forward_backward(model, windows, sampler, device, knobs.gradient_accumulation_steps,
-                                        defer_all_reduce=shape.dp_replicate > 1)
-            grad_norm = clip_grad_norm(list(model.parameters()), intent.max_grad_norm)
-            optimizer.step()
-            if precompute_float8_scales:  # one all-reduce for every fp8 weight's scale, not one per weight
-                precompute_float8_dynamic_scale_for_fsdp(model)
-            result.grad_norms[step] = float(grad_norm)
-            result.steps_done = step
-            window_steps += 1
+    def finish(self, result: RunResult) -> None:
+        """Export the trained model; gather the full weights when a test asks for them."""
+        if self.config.model_dir is not None:
+            export_model(self.model, self.spec, self.config.model_dir)
+        if self.config.return_state:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            if config.on_step_end is not None:
-                config.on_step_end(step)
-            flags = torch.tensor([1 if stop.requested else 0], device=device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            stopping = bool(flags.item())
+            gathered = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            result.final_state = {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
 
-            if step % log_every == 0 or step == steps or stopping:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-                mean_loss = loss_sum.item() / world
-                elapsed = time.perf_counter() - window_start
-                tokens_per_second = tokens_per_gpu_step * window_steps / elapsed
-                tflops = flops_per_token * tokens_per_second / 1e12
-                mfu = tflops / peak if peak else 0.0
-                peak_gib = torch.cuda.max_memory_allocated(device) / GIB if on_gpu else 0.0
-                metrics = {
-                    "step": step, "loss": mean_loss, "tokens_per_second_per_gpu": tokens_per_second,
-                    "tflops_per_gpu": tflops, "mfu": mfu, "peak_memory_gib": peak_gib,
-                }
-                result.losses[step] = mean_loss
-                result.metrics.append(metrics)
-                if rank == 0:
-                    line = format_metric_line(
-                        step=step, loss=mean_loss, tokens_per_second_per_gpu=tokens_per_second,
-                        tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib,
-                    )
-                    print(line, flush=True)
-                window_start, window_steps = time.perf_counter(), 0
 
-            if stopping:
-                save(step)
-                result.interrupted = True
-                if rank == 0:
-                    print(f"btk: SIGTERM: checkpoint at step {step} written, exiting", flush=True)
-                return result
-            if step % spec.job.checkpoint_interval_steps == 0:
-                saving_started = time.perf_counter()
-                save(step)
-                window_start += time.perf_counter() - saving_started  # tokens/s counts training time only
-
-    if config.model_dir is not None:
-        export_model(model, spec, config.model_dir)
-    if config.return_state:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        gathered = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        result.final_state = {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
-    return result
+def train(config: RunConfig) -> RunResult:
+    """Run (or resume) training; the process group must be initialised or be initialisable from env."""
+    return Trainer(config).train()
 
 
 def export_model(model: Decoder, spec: JobHyperparameters, directory: Path) -> None:
@@ -455,25 +554,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Train from SageMaker's files; the exit status is :func:`exit_code`'s, or 2 for a one-line user error.
+
+    Any other exception propagates (exit 1 with its traceback), so torchrun reports the job failed.
+    """
     args = parse_args(argv)
     try:
         spec = load_hyperparameters(args.hyperparameters)
         result = train(RunConfig(spec=spec, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:
-        line = f"btk: error: {error}"
-        print(line, file=sys.stderr, flush=True)
-        if args.failure_file is not None:
-            try:
-                args.failure_file.parent.mkdir(parents=True, exist_ok=True)
-                args.failure_file.write_text(line + "\n")
-            except OSError:
-                pass
-        return 2
+        return report_failure(str(error), args.failure_file)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0 if result.steps_done >= 0 else 1
+    return exit_code(result)
 
 
 if __name__ == "__main__":

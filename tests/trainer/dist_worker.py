@@ -18,28 +18,16 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# Run as a script, outside pytest: its pythonpath setting does not reach this process.
 sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(HERE)]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from trainer_fixtures import tiny_spec  # noqa: E402
 
-from btk.hyperparameters import JobHyperparameters, JobSettings  # noqa: E402
+from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
-from btk.profile import TrainingIntent  # noqa: E402
-
-
-def spec_for(workdir: Path, **knob_values: Any) -> JobHyperparameters:
-    from trainer_fixtures import tiny_llama
-
-    job = knob_values.pop("job", {})
-    knobs = TrainingKnobs(**{"micro_batch_size": 2, "seq_len": 32, "compile": False, "fused_loss": False,
-                             **knob_values})
-    intent = TrainingIntent(seq_len=knobs.seq_len, global_batch_tokens=4096, learning_rate=3e-3, warmup_steps=2,
-                            weight_decay=0.1, max_grad_norm=1.0)
-    settings = JobSettings(profile="tiny", seed=11, checkpoint_interval_steps=3, keep_last_checkpoints=2,
-                           log_interval_steps=1, **job)
-    return JobHyperparameters(knobs=knobs, architecture=tiny_llama(), training=intent, job=settings)
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,7 +47,7 @@ def grads_for(
     from btk_trainer.data import ResumableSampler, TokenShards
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
-    from btk_trainer.train import forward_backward, init_parameters
+    from btk_trainer.train import forward_backward
     from torch.distributed.tensor import DTensor
 
     knobs = spec.knobs
@@ -71,7 +59,7 @@ def grads_for(
         "compile_enabled": True, "fused_loss_enabled": True, "compile_backend": compile_backend}
     parallelize(model, knobs, mesh, shape, param_dtype=None, capability=capability, **compiled)
     model.to_empty(device="cpu")
-    init_parameters(model, spec.job.seed)
+    model.init_weights(spec.job.seed)
     weight = model.model.layers[0].mlp.up_proj.weight
     sharded = isinstance(weight, DTensor) and weight.to_local().shape[0] < weight.shape[0]
     windows = TokenShards(data_dir, knobs.seq_len)
@@ -127,15 +115,15 @@ def check_tp_training(workdir: Path, data_dir: Path) -> dict[str, Any]:
     """Full train() steps (clipping included) with TP=2 equal the data-parallel run on the same windows."""
     from btk_trainer.train import RunConfig, train
 
-    plain = train(RunConfig(spec=spec_for(workdir), data_dir=data_dir, max_steps=3, device="cpu", return_state=True))
-    tp = train(RunConfig(spec=spec_for(workdir, tensor_parallel=2, micro_batch_size=4), data_dir=data_dir,
+    plain = train(RunConfig(spec=tiny_spec(), data_dir=data_dir, max_steps=3, device="cpu", return_state=True))
+    tp = train(RunConfig(spec=tiny_spec(tensor_parallel=2, micro_batch_size=4), data_dir=data_dir,
                          max_steps=3, device="cpu", return_state=True))
     a, b = plain.final_state or {}, tp.final_state or {}
     # fp8_tensorwise under TP (torchao's Float8Colwise/RowwiseParallel) against fp8 data parallel.
     fp8 = {"precision": "fp8_tensorwise", "activation_checkpointing": "selective"}
-    fp8_plain = train(RunConfig(spec=spec_for(workdir, **fp8), data_dir=data_dir, max_steps=3, device="cpu",
+    fp8_plain = train(RunConfig(spec=tiny_spec(**fp8), data_dir=data_dir, max_steps=3, device="cpu",
                                 capability=(8, 9)))
-    fp8_tp = train(RunConfig(spec=spec_for(workdir, tensor_parallel=2, micro_batch_size=4, **fp8),
+    fp8_tp = train(RunConfig(spec=tiny_spec(tensor_parallel=2, micro_batch_size=4, **fp8),
                              data_dir=data_dir, max_steps=3, device="cpu", capability=(8, 9)))
     return {
         "grad_norms": [[plain.grad_norms[s], tp.grad_norms[s]] for s in sorted(plain.grad_norms)],
@@ -155,7 +143,6 @@ def check_low_precision_construction() -> dict[str, Any]:
     """
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, float8_all_gather_enabled, mesh_shape, parallelize
-    from btk_trainer.train import init_parameters
     from torch.distributed.tensor import DTensor
     from trainer_fixtures import tiny_llama
 
@@ -168,7 +155,7 @@ def check_low_precision_construction() -> dict[str, Any]:
         parallelize(model, knobs, build_mesh(shape, "cpu"), shape, param_dtype=torch.bfloat16, capability=(10, 0),
                     compile_enabled=False, fused_loss_enabled=False)
         model.to_empty(device="cpu")
-        init_parameters(model, seed=5)
+        model.init_weights(seed=5)
         block = model.model.layers[0].mlp.up_proj.weight
         head = model.lm_head.weight
         out[precision] = {
@@ -233,14 +220,14 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     from btk_trainer.train import RunConfig, train
 
     out: dict[str, Any] = {}
-    run = train(RunConfig(spec=spec_for(workdir), data_dir=data_dir, max_steps=25, device="cpu"))
+    run = train(RunConfig(spec=tiny_spec(), data_dir=data_dir, max_steps=25, device="cpu"))
     out["losses"] = [run.losses[s] for s in sorted(run.losses)]
 
-    reference, ref_loss, sharded = grads_for(spec_for(workdir), data_dir)
+    reference, ref_loss, sharded = grads_for(tiny_spec(), data_dir)
     out["sharded"] = sharded
     out["ac"] = {}
     for mode in ("selective", "full"):
-        grads, loss, _ = grads_for(spec_for(workdir, activation_checkpointing=mode), data_dir)
+        grads, loss, _ = grads_for(tiny_spec(activation_checkpointing=mode), data_dir)
         out["ac"][mode] = {
             "max_abs_diff": max(float((grads[k] - reference[k]).abs().max()) for k in reference),
             "loss_diff": abs(loss - ref_loss),
@@ -250,7 +237,7 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["compiled"] = {}
     for mode in ("none", "selective", "full", "fp8_tensorwise"):
         precision = "fp8_tensorwise" if mode == "fp8_tensorwise" else "bf16"
-        ac_spec = spec_for(workdir, activation_checkpointing="selective" if precision != "bf16" else mode,
+        ac_spec = tiny_spec(activation_checkpointing="selective" if precision != "bf16" else mode,
                            precision=precision)
         capability = (8, 9) if precision != "bf16" else None
         eager, eager_loss, _ = ((reference, ref_loss, True) if mode == "none"
@@ -266,12 +253,12 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
             "loss_diff": abs(loss - eager_loss),
             "names": sorted(grads) == sorted(eager),
         }
-    big, big_loss, _ = grads_for(spec_for(workdir, micro_batch_size=2, gradient_accumulation_steps=1), data_dir)
-    acc, acc_loss, _ = grads_for(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2), data_dir)
+    big, big_loss, _ = grads_for(tiny_spec(micro_batch_size=2, gradient_accumulation_steps=1), data_dir)
+    acc, acc_loss, _ = grads_for(tiny_spec(micro_batch_size=1, gradient_accumulation_steps=2), data_dir)
     # no_shard is the replicated mesh dim (as hybrid_shard across nodes): all-reduce deferred to the last
     # micro-batch must still give the full-shard gradients.
     replicated, replicated_loss, replicated_sharded = grads_for(
-        spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2, sharding="no_shard"), data_dir)
+        tiny_spec(micro_batch_size=1, gradient_accumulation_steps=2, sharding="no_shard"), data_dir)
     out["no_shard_accumulation"] = {
         "max_abs_diff": max(float((replicated[k] - acc[k]).abs().max()) for k in acc),
         "loss_diff": abs(replicated_loss - acc_loss),
@@ -283,7 +270,7 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
         "loss_diff": abs(acc_loss - big_loss),
     }
     # TP=2 on 2 ranks leaves one data-parallel rank: give it both ranks' windows (4) to match.
-    tp, tp_loss, _ = grads_for(spec_for(workdir, tensor_parallel=2, micro_batch_size=4), data_dir)
+    tp, tp_loss, _ = grads_for(tiny_spec(tensor_parallel=2, micro_batch_size=4), data_dir)
     out["init_from"] = check_init_from(workdir)
     out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
                               "loss_diff": abs(tp_loss - ref_loss)}
@@ -293,6 +280,23 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["rescaled_accumulation"] = check_rescaled_accumulation(workdir, data_dir)
     out["fp8_training"] = check_fp8_training(workdir, data_dir)
     out["split_verification"] = check_split_verification(workdir, data_dir)
+    out["init_is_the_models"] = check_training_init_is_the_models(data_dir)
+    return out
+
+
+def check_training_init_is_the_models(data_dir: Path) -> dict[str, Any]:
+    """train()'s initial weights (sharded on 2 ranks; TP=2) equal ``Decoder.init_weights`` on one plain model."""
+    from btk_trainer.model import Decoder
+    from btk_trainer.train import RunConfig, train
+
+    out: dict[str, Any] = {}
+    layouts = {"sharded": tiny_spec(), "tensor_parallel": tiny_spec(tensor_parallel=2, micro_batch_size=4)}
+    for label, spec in layouts.items():
+        run = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=0, device="cpu", return_state=True))
+        plain = Decoder(spec.architecture)
+        plain.init_weights(spec.job.seed)
+        expected, initial = plain.state_dict(), run.final_state or {}
+        out[label] = sorted(initial) == sorted(expected) and all(torch.equal(initial[k], expected[k]) for k in expected)
     return out
 
 
@@ -332,7 +336,7 @@ def check_fp8_training(workdir: Path, data_dir: Path) -> dict[str, Any]:
     from btk_trainer.train import RunConfig, train
 
     def run(precision: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-        spec = spec_for(workdir, precision=precision, micro_batch_size=2)
+        spec = tiny_spec(precision=precision, micro_batch_size=2)
         result = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=12, device="cpu", capability=(8, 9),
                                  return_state=True))
         return [result.losses[s] for s in sorted(result.losses)], result.final_state or {}
@@ -358,9 +362,9 @@ def check_rescaled_accumulation(workdir: Path, data_dir: Path) -> dict[str, Any]
         return run.final_state or {}, len(run.metrics)
 
     planned_for_four, _ = final_weights(
-        spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=1, job={"planned_data_parallel": 4}))
-    planned_for_two, _ = final_weights(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=2))
-    unplanned, _ = final_weights(spec_for(workdir, micro_batch_size=1, gradient_accumulation_steps=1))
+        tiny_spec(micro_batch_size=1, gradient_accumulation_steps=1, job={"planned_data_parallel": 4}))
+    planned_for_two, _ = final_weights(tiny_spec(micro_batch_size=1, gradient_accumulation_steps=2))
+    unplanned, _ = final_weights(tiny_spec(micro_batch_size=1, gradient_accumulation_steps=1))
     return {
         "equal_to_planned_for_two": all(torch.equal(planned_for_four[k], planned_for_two[k]) for k in planned_for_two),
         "differs_from_plain": any(not torch.equal(planned_for_four[k], unplanned[k]) for k in unplanned),
@@ -393,7 +397,7 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     from btk_trainer.train import RunConfig, train
 
     steps = 8
-    spec = spec_for(workdir, gradient_accumulation_steps=2, activation_checkpointing="selective")
+    spec = tiny_spec(gradient_accumulation_steps=2, activation_checkpointing="selective")
     straight = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu", return_state=True))
     reference = straight.final_state or {}
     out: dict[str, Any] = {"runs": []}

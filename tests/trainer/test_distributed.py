@@ -180,3 +180,8 @@ def test_checkpoint_protocol_shared_and_node_local(core: dict[str, Any]) -> None
 def test_init_from_hugging_face_loads_into_sharded_model(core: dict[str, Any]) -> None:
     """A tied Qwen2-style safetensors checkpoint: rank 0 reads it, every shard gets its part."""
     assert core["init_from"] == {"tied": True, "keys_match": True, "equal": True}
+
+
+def test_training_initialises_through_the_model(core: dict[str, Any]) -> None:
+    """One seed, one model: the trainer's sharded (and TP) init is ``Decoder.init_weights`` of a plain model."""
+    assert core["init_is_the_models"] == {"sharded": True, "tensor_parallel": True}

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from btk_trainer.entrypoint import build_launch, main
+from btk_trainer.entrypoint import build_launch, main, run
 
 FIXTURES = Path(__file__).with_name("fixtures")
 ENV = {"BTK_NUM_GPUS": "8", "SM_MODEL_DIR": "/opt/ml/model"}
@@ -118,6 +118,7 @@ def test_quoted_values_are_accepted(tmp_path: Path, data_dir: Path) -> None:
 def test_malformed_job_exits_before_importing_torch(tmp_path: Path, data_dir: Path) -> None:
     """As a process: exit 2, one stderr line, and torch never imported (so no GPU touched)."""
     config = _copy(tmp_path, precision="fp4")
+    # A fresh interpreter, outside pytest: its pythonpath setting does not reach it.
     probe = (
         "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]];"
         "from btk_trainer.entrypoint import main; code = main(sys.argv[3:]);"
@@ -142,3 +143,29 @@ def test_trainer_writes_its_error_to_the_failure_file(tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "micro_batch_size" in err
     assert failure.read_text() == err
+
+
+@pytest.mark.parametrize(
+    ("script", "status"),
+    [
+        ("raise SystemExit(0)", 0),
+        ("raise SystemExit(1)", 1),  # torchrun's status when a training process failed
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9),  # killed: as a shell reports it
+    ],
+)
+def test_run_returns_the_launchers_exit_status(data_dir: Path, script: str, status: int) -> None:
+    import dataclasses
+    import signal
+
+    plan = dataclasses.replace(build_launch(FIXTURES / "one_node", ENV, data_dir=data_dir),
+                               command=[sys.executable, "-c", script])
+    before = signal.getsignal(signal.SIGTERM)
+    assert run(plan) == status
+    assert signal.getsignal(signal.SIGTERM) is before  # the forwarding handler is removed again
+
+
+def test_main_exits_with_the_launchers_status(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import btk_trainer.entrypoint as entrypoint
+
+    monkeypatch.setattr(entrypoint, "run", lambda plan: 143)
+    assert main(["train", "--config-dir", str(FIXTURES / "one_node"), "--data-dir", str(data_dir)], env=ENV) == 143

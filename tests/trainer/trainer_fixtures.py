@@ -1,4 +1,4 @@
-"""Tiny architectures shared by the trainer tests and their worker processes.
+"""Tiny architectures and jobs shared by the trainer tests and their worker processes.
 
 A uniquely named module rather than ``conftest``: ``from conftest import ...`` resolves to
 whichever test folder's conftest was imported first when several folders run together.
@@ -6,7 +6,11 @@ whichever test folder's conftest was imported first when several folders run tog
 
 from __future__ import annotations
 
-from btk.profile import ModelArchitecture, RopeScaling
+from typing import Any
+
+from btk.hyperparameters import JobHyperparameters, JobSettings
+from btk.knobs import TrainingKnobs
+from btk.profile import ModelArchitecture, RopeScaling, TrainingIntent
 
 
 def tiny_llama(**overrides: object) -> ModelArchitecture:
@@ -42,3 +46,18 @@ def tiny_qwen(**overrides: object) -> ModelArchitecture:
     }
     values.update(overrides)
     return tiny_llama(**values)
+
+
+def tiny_spec(**knob_values: Any) -> JobHyperparameters:
+    """A whole job on :func:`tiny_llama`: 32-token windows, warmup 2, clipping at 1.0, a checkpoint every 3 steps.
+
+    Keyword arguments override knobs; ``job={...}`` overrides job settings.
+    """
+    job = knob_values.pop("job", {})
+    knobs = TrainingKnobs(**{"micro_batch_size": 2, "seq_len": 32, "compile": False, "fused_loss": False,
+                             **knob_values})
+    intent = TrainingIntent(seq_len=knobs.seq_len, global_batch_tokens=4096, learning_rate=3e-3, warmup_steps=2,
+                            weight_decay=0.1, max_grad_norm=1.0)
+    settings = JobSettings(**{"profile": "tiny", "seed": 11, "checkpoint_interval_steps": 3,
+                              "keep_last_checkpoints": 2, "log_interval_steps": 1, **job})
+    return JobHyperparameters(knobs=knobs, architecture=tiny_llama(), training=intent, job=settings)

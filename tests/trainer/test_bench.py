@@ -1,0 +1,60 @@
+"""The GPU benchmark and its one-shot H200 script, run on CPU with a toy architecture."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_script_runs_on_cpu(tmp_path: Path) -> None:
+    """The exact script the H200 run uses, with the toy architecture on CPU: every case lands in the files."""
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        ["bash", str(ROOT / "containers" / "bench" / "run_h200.sh"), "--tiny", "--device", "cpu",
+         "--warmup", "1", "--steps", "2"],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={"OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
+             "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"},
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "bench exit status: 0" in completed.stdout
+    assert f"torch {torch.__version__}" in (out / "env.txt").read_text()
+    report = json.loads((out / "results.json").read_text())
+    assert report["instance"] == "ml.p5en.48xlarge (1 GPU)" and report["steps"] == 2
+    cases = [(case["profile"], case["label"]) for case in report["cases"]]
+    expected = ["planned knobs, bf16", "planned knobs, fp8_tensorwise", "planner's choice", "legacy baseline"]
+    assert cases == [(profile, label) for profile in ("llama3.2-3b", "llama3.2-1b") for label in expected]
+    for case in report["cases"]:
+        assert case["predicted"]["tokens_per_second_per_gpu"] > 0
+        if case["knobs"]["precision"] != "bf16":  # fp8 cannot run on CPU: the case says why, the rest still run
+            assert "needs an NVIDIA GPU" in case["error"] and "measured" not in case
+            continue
+        assert case["measured"]["tokens_per_second_per_gpu"] > 0
+    assert [c["profile"] for c in report["comparisons"]] == ["llama3.2-3b", "llama3.2-1b"]
+    assert all(c["measured_ratio"] > 0 and c["predicted_ratio"] > 0 for c in report["comparisons"])
+    table = (out / "performance.md").read_text()
+    assert "| llama3.2-1b | legacy baseline |" in table and "planned / baseline measured" in table
+    assert (out / "bench.log").read_text().count("btk_metric step=") >= 3 * 3  # metric lines reach the log
+
+
+def test_bench_predict_only_trains_nothing(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "btk_trainer.bench", "--profile", "llama3.2-3b", "--gpus", "1", "--device", "cpu",
+         "--precision", "bf16", "--compare", "--predict-only", "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PYTHONPATH": f"{ROOT / 'containers'}:{ROOT}", "PATH": "/usr/bin:/bin"},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert all("measured" not in case and case["note"] == "prediction only" for case in report["cases"])
+    assert report["cases"][0]["knobs"]["seq_len"] == 8192  # the real profile, not the toy
+    assert all(case["predicted"]["fits"] for case in report["cases"])
+    (comparison,) = report["comparisons"]
+    assert "measured_ratio" not in comparison and comparison["predicted_ratio"] > 1.0
+    assert "btk_metric" not in completed.stdout

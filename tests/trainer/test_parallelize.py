@@ -1,0 +1,105 @@
+"""The knobs applied to the model from outside: precision checks, float8/MXFP8 swaps, AC policy, compile."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from btk_trainer.model import Decoder
+from btk_trainer.parallelize import (
+    apply_activation_checkpointing,
+    apply_compile,
+    apply_fused_loss,
+    apply_low_precision,
+    check_precision,
+    selective_policy,
+)
+from trainer_fixtures import tiny_llama
+
+from btk.errors import BtkError
+from btk.profile import ModelArchitecture
+
+
+def test_precision_checks() -> None:
+    check_precision("bf16", None)
+    check_precision("fp8_rowwise", (9, 0))
+    check_precision("mxfp8", (10, 0))
+    with pytest.raises(BtkError, match=r"mxfp8 needs a Blackwell GPU .* this GPU is 9.0"):
+        check_precision("mxfp8", (9, 0))
+    with pytest.raises(BtkError, match=r"needs compute capability >= 8.9.*8.0"):
+        check_precision("fp8_tensorwise", (8, 0))
+    with pytest.raises(BtkError, match="needs an NVIDIA GPU"):
+        check_precision("fp8_tensorwise", None)
+
+
+@pytest.mark.parametrize("precision", ["fp8_tensorwise", "fp8_rowwise"])
+def test_float8_swaps_block_linears_not_the_head(llama_arch: ModelArchitecture, precision: str) -> None:
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = Decoder(llama_arch)
+    assert apply_low_precision(model, precision, fsdp_float8_all_gather=False) == 7 * llama_arch.num_layers
+    swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    assert len(swapped) == 7 * llama_arch.num_layers
+    assert "lm_head" not in " ".join(swapped) and type(model.lm_head) is torch.nn.Linear
+    assert apply_low_precision(Decoder(llama_arch), "bf16", fsdp_float8_all_gather=False) == 0
+
+
+def test_mxfp8_swaps_only_32_aligned_linears() -> None:
+    """MXFP8 scales blocks of 32 elements: a 48-wide FFN stays bf16 under mxfp8, not under fp8."""
+    pytest.importorskip("torchao")
+    arch = ModelArchitecture(num_layers=1, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                             ffn_hidden_size=48, vocab_size=128, max_context=256)
+    assert apply_low_precision(Decoder(arch), "fp8_tensorwise", fsdp_float8_all_gather=False) == 7
+    assert apply_low_precision(Decoder(arch), "mxfp8", fsdp_float8_all_gather=False) == 4  # q, k, v, o
+
+
+def test_selective_policy_recomputes_every_other_matmul() -> None:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    class Ctx:
+        is_recompute = False
+
+    policy = selective_policy()
+    mm = torch.ops.aten.mm.default
+    decisions = [policy(Ctx(), mm) for _ in range(4)]
+    assert decisions == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
+    # float8 linears (_scaled_mm) count alike: fp8 + selective keeps the same share as bf16.
+    fp8 = [policy(Ctx(), op) for op in (torch.ops.aten._scaled_mm.default, torch.ops.aten.mm.default) * 2]
+    assert fp8 == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
+    assert policy(Ctx(), torch.ops.aten.add.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler")
+def test_inductor_compiles_selective_ac_blocks_and_fused_loss() -> None:
+    """The GPU's compile path through Inductor (C++ here, Triton there): same loss and gradients as eager.
+
+    Inductor's min-cut partitioner honours the selective-AC policy's save/recompute tags; the
+    aot_eager checks in the gloo tests do not reach it.
+    """
+    eager, compiled = Decoder(tiny_llama()), Decoder(tiny_llama())
+    eager.init_weights(seed=1)
+    compiled.load_state_dict(eager.state_dict())
+    apply_activation_checkpointing(compiled, "selective")
+    apply_compile(compiled)
+    apply_fused_loss(compiled)
+    tokens = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    try:
+        compiled_loss = compiled(tokens, tokens)
+        compiled_loss.backward()
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert graphs >= 2  # a block (shared by both) and the loss really went through the compiler
+    eager_loss = eager(tokens, tokens)
+    eager_loss.backward()
+    assert abs(compiled_loss.item() - eager_loss.item()) <= 1e-6
+    reference = {name: parameter.grad for name, parameter in eager.named_parameters()}
+    for name, parameter in compiled.named_parameters():
+        plain = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+        assert parameter.grad is not None and torch.allclose(parameter.grad, reference[plain], atol=1e-6), name
