@@ -84,13 +84,13 @@ def measure(count: int) -> dict[str, float]:
 
 
 def plan_timing() -> tuple[float, bool]:
-    """Seconds of ``btk plan --env dev --json`` in a fresh process, and whether it imported the SDK."""
+    """Seconds of ``btk plan --env dev --format json`` in a fresh process, and whether it imported the SDK."""
     code = (
         "import sys, io, contextlib, time\n"
         "t = time.perf_counter()\n"
         "from btk.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    rc = main(['plan', '--env', 'dev', '--json'])\n"
+        "    rc = main(['plan', '--env', 'dev', '--format', 'json'])\n"
         "print(rc, time.perf_counter() - t, any(m == 'sagemaker' or m.startswith('sagemaker.') for m in sys.modules),"
         " 'aws_cdk' in sys.modules)\n"
     )
@@ -119,7 +119,7 @@ def main() -> int:
             f"{row['definitions_s']:>8.1f} {row['definitions_s'] / count:>6.2f} {row['synth_s']:>8.1f}"
         )
     seconds, imported = plan_timing()
-    print(f"btk plan --env dev --json: {seconds:.2f} s in-process; imports sagemaker or aws_cdk: {imported}")
+    print(f"btk plan --env dev --format json: {seconds:.2f} s in-process; imports sagemaker or aws_cdk: {imported}")
     return 1 if imported else 0
 
 

@@ -13,12 +13,47 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from btk.units import HOURS_PER_DAY, SECONDS_PER_HOUR
+
 DOCUMENTATION_ACCOUNT = "123456789012"
 ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,20}$")
 REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+#: FSx for Lustre PERSISTENT_2: the one size below 2400 GiB, and the step above it.
+FSX_SMALLEST_CAPACITY_GIB = 1200
+FSX_CAPACITY_STEP_GIB = 2400
 FSX_THROUGHPUT_PER_TIB = (125, 250, 500, 1000)
 TRAINING_PLAN_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 TRAINING_PLAN_MAX_DAYS = 182
+TRAINING_PLAN_MAX_HOURS = TRAINING_PLAN_MAX_DAYS * HOURS_PER_DAY
+#: The retentions CloudWatch Logs accepts, in days (the CDK enum is mapped from this list).
+LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
+)
+#: Managed spot: how long a job may wait for capacity plus run, as a multiple of its run time.
+SPOT_WAIT_FACTOR = 2
+
+
+def validate_fsx_storage_capacity(gib: int) -> int:
+    """``gib`` if PERSISTENT_2 sells that size, else ``ValueError`` (one line)."""
+    if gib != FSX_SMALLEST_CAPACITY_GIB and (gib <= 0 or gib % FSX_CAPACITY_STEP_GIB):
+        raise ValueError(
+            f"{gib} GiB is not a valid PERSISTENT_2 size: use {FSX_SMALLEST_CAPACITY_GIB} or a multiple of "
+            f"{FSX_CAPACITY_STEP_GIB}"
+        )
+    return gib
+
+
+def validate_fsx_throughput(per_tib: int) -> int:
+    """``per_tib`` if PERSISTENT_2 offers that throughput, else ``ValueError`` (one line)."""
+    if per_tib not in FSX_THROUGHPUT_PER_TIB:
+        allowed = ", ".join(map(str, FSX_THROUGHPUT_PER_TIB))
+        raise ValueError(f"{per_tib} MB/s/TiB is not offered for PERSISTENT_2: use one of {allowed}")
+    return per_tib
+
+
+def is_sellable_plan_duration(hours: int) -> bool:
+    """Training plans are sold in whole days, from one day to ``TRAINING_PLAN_MAX_DAYS``."""
+    return hours % HOURS_PER_DAY == 0 and 1 <= hours // HOURS_PER_DAY <= TRAINING_PLAN_MAX_DAYS
 
 
 class DataStageConfig(BaseModel):
@@ -41,17 +76,12 @@ class DataStageConfig(BaseModel):
     @field_validator("fsx_storage_capacity_gib")
     @classmethod
     def _capacity(cls, value: int) -> int:
-        if value != 1200 and (value <= 0 or value % 2400):
-            raise ValueError(f"{value} GiB is not a valid PERSISTENT_2 size: use 1200 or a multiple of 2400")
-        return value
+        return validate_fsx_storage_capacity(value)
 
     @field_validator("fsx_throughput_per_tib")
     @classmethod
     def _throughput(cls, value: int) -> int:
-        if value not in FSX_THROUGHPUT_PER_TIB:
-            allowed = ", ".join(map(str, FSX_THROUGHPUT_PER_TIB))
-            raise ValueError(f"{value} MB/s/TiB is not offered for PERSISTENT_2: use one of {allowed}")
-        return value
+        return validate_fsx_throughput(value)
 
     @field_validator("fsx_directory")
     @classmethod
@@ -109,10 +139,10 @@ class ReservePlanCapacity(BaseModel):
         if self.instance_count not in TRAINING_PLAN_INSTANCE_COUNTS:
             allowed = ", ".join(map(str, TRAINING_PLAN_INSTANCE_COUNTS))
             raise ValueError(f"instance_count {self.instance_count} is not sold: use one of {allowed}")
-        if self.duration_hours % 24 or not 1 <= self.duration_hours // 24 <= TRAINING_PLAN_MAX_DAYS:
+        if not is_sellable_plan_duration(self.duration_hours):
             raise ValueError(
                 f"duration_hours {self.duration_hours} must be whole days between 1 and "
-                f"{TRAINING_PLAN_MAX_DAYS} (24 to {24 * TRAINING_PLAN_MAX_DAYS} hours)"
+                f"{TRAINING_PLAN_MAX_DAYS} ({HOURS_PER_DAY} to {TRAINING_PLAN_MAX_HOURS} hours)"
             )
         if self.max_upfront_fee is None:
             raise ValueError("max_upfront_fee is required in reserve mode: set the most you will pay")
@@ -175,31 +205,7 @@ class EnvironmentConfig(BaseModel):
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
-        allowed = (
-            1,
-            3,
-            5,
-            7,
-            14,
-            30,
-            60,
-            90,
-            120,
-            150,
-            180,
-            365,
-            400,
-            545,
-            731,
-            1096,
-            1827,
-            2192,
-            2557,
-            2922,
-            3288,
-            3653,
-        )
-        if value not in allowed:
+        if value not in LOG_RETENTION_DAYS:
             raise ValueError(f"{value} is not a CloudWatch Logs retention; use e.g. 7, 30, 90 or 365")
         return value
 
@@ -218,13 +224,28 @@ class EnvironmentConfig(BaseModel):
         if managed_spot_conflict(self):
             raise ValueError("managed_spot cannot be combined with a training plan (capacity.mode)")
         expiration = self.data_stage.checkpoint_expiration_days
-        longest_job_hours = self.max_runtime_hours * (2 if self.managed_spot else 1)  # spot may wait as long again
-        if expiration is not None and expiration * 24 <= longest_job_hours:
+        longest_job_hours = self.longest_job_hours
+        if expiration is not None and expiration * HOURS_PER_DAY <= longest_job_hours:
             raise ValueError(
                 f"data_stage.checkpoint_expiration_days ({expiration}) must outlast the longest job "
                 f"({longest_job_hours} h with max_runtime_hours and spot waiting): raise it or lower max_runtime_hours"
             )
         return self
+
+    @property
+    def max_runtime_seconds(self) -> int:
+        """SageMaker's ``MaxRuntimeInSeconds`` of every job of the environment."""
+        return self.max_runtime_hours * SECONDS_PER_HOUR
+
+    @property
+    def max_wait_seconds(self) -> int:
+        """SageMaker's ``MaxWaitTimeInSeconds`` of a managed-spot job: waiting for capacity plus running."""
+        return SPOT_WAIT_FACTOR * self.max_runtime_seconds
+
+    @property
+    def longest_job_hours(self) -> int:
+        """How long one job may take from start to end: with managed spot, the wait is included."""
+        return self.max_runtime_hours * (SPOT_WAIT_FACTOR if self.managed_spot else 1)
 
     @property
     def stack_name(self) -> str:

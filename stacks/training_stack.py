@@ -7,18 +7,27 @@ attributes ``network``, ``data_stage``, ``image``, ``execution_role`` and ``env_
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Environment, RemovalPolicy, Stack, Tags
+from aws_cdk import CfnOutput, Environment, Stack, Tags
 from constructs import Construct
 
+from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
-from training_constructs.data_stage import DataStage, DataStageProps, create_data_key
+from btk.planner.search import plan_environment
+from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
-from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
+from training_constructs.pipeline import PipelineResources, PlannedProfile, TrainingPipelines, TrainingPipelinesProps
+from training_constructs.removal import data_removal_policy
 from training_constructs.retention import RETENTION_DAYS
 from training_constructs.training_image import TrainingImage
-from training_constructs.training_plan import TrainingPlanReservation
+from training_constructs.training_plan import TrainingPlanReservation, TrainingPlanReservationProps
+
+
+def planned_profiles(env_config: EnvironmentConfig) -> tuple[PlannedProfile, ...]:
+    """Each profile of the environment with the knobs ``btk plan`` reports for its instances."""
+    plans = plan_environment(env_config)
+    return tuple(PlannedProfile(get_profile(name), plans[name].knobs) for name in env_config.profiles)
 
 
 class TrainingStack(Stack):
@@ -36,9 +45,10 @@ class TrainingStack(Stack):
         self.env_config = env_config
         for key, value in sorted(env_config.tags.items()):
             Tags.of(self).add(key, value)
-        removal_policy = RemovalPolicy.RETAIN if env_config.retain_data else RemovalPolicy.DESTROY
+        removal_policy = data_removal_policy(env_config.retain_data)
+        log_retention = RETENTION_DAYS[env_config.log_retention_days]
 
-        self.key = create_data_key(self, "DataKey", removal_policy=removal_policy)
+        self.key = DataKey(self, "DataKey", props=DataKeyProps(removal_policy=removal_policy))
         self.network = TrainingNetwork(
             self,
             "Network",
@@ -46,7 +56,7 @@ class TrainingStack(Stack):
                 cidr=env_config.vpc_cidr,
                 availability_zone=env_config.availability_zone,
                 flow_log_key=self.key,
-                flow_log_retention=RETENTION_DAYS[env_config.log_retention_days],
+                flow_log_retention=log_retention,
                 removal_policy=removal_policy,
             ),
         )
@@ -77,10 +87,12 @@ class TrainingStack(Stack):
         self.training_plan = TrainingPlanReservation(
             self,
             "TrainingPlan",
-            env_config=env_config,
-            log_key=self.key,
-            availability_zone=self.network.training_subnet.availability_zone,
-            log_retention=RETENTION_DAYS[env_config.log_retention_days],
+            props=TrainingPlanReservationProps(
+                environment=env_config,
+                log_key=self.key,
+                availability_zone=self.network.training_subnet.availability_zone,
+                log_retention=log_retention,
+            ),
         )
         self._pipelines()
         self._outputs()
@@ -88,28 +100,25 @@ class TrainingStack(Stack):
     def _pipelines(self) -> None:
         """One SageMaker pipeline per profile, and the environment's dashboard and failure alerts."""
         env_config, data_stage = self.env_config, self.data_stage
-        location = None
-        if data_stage.file_system_id and data_stage.mount_name:
-            location = FileSystemLocation(
-                data_stage.file_system_id, data_stage.mount_name, env_config.data_stage.fsx_directory
-            )
         self.pipelines = TrainingPipelines(
             self,
             "Pipelines",
-            env_config,
-            resources=PipelineResources(
-                image_uri=self.image.image_uri,
-                execution_role=self.execution_role.role,
-                key=self.key,
-                subnets=[self.network.training_subnet],
-                security_groups=[self.network.security_group],
-                datasets_bucket=data_stage.datasets_bucket,
-                checkpoints_bucket=data_stage.checkpoints_bucket,
-                artifacts_bucket=data_stage.artifacts_bucket,
-                datasets_prefix=data_stage.datasets_prefix,
-                file_system=location,
+            props=TrainingPipelinesProps(
+                environment=env_config,
+                profiles=planned_profiles(env_config),
+                resources=PipelineResources(
+                    image_uri=self.image.image_uri,
+                    execution_role=self.execution_role.role,
+                    key=self.key,
+                    subnets=[self.network.training_subnet],
+                    security_groups=[self.network.security_group],
+                    datasets=data_stage.datasets,
+                    checkpoints_bucket=data_stage.checkpoints_bucket,
+                    artifacts_bucket=data_stage.artifacts_bucket,
+                    file_system=data_stage.file_system,
+                ),
+                training_plan_arn=self.training_plan.plan_arn,
             ),
-            training_plan_arn=self.training_plan.plan_arn,
         )
         self.observability = TrainingObservability(
             self,
@@ -141,9 +150,10 @@ class TrainingStack(Stack):
         }
         if self.training_plan.plan_arn is not None:
             outputs["TrainingPlanArn"] = (self.training_plan.plan_arn, "default training plan of every pipeline")
-        if data_stage.file_system_id and data_stage.mount_name and data_stage.directory_path:
-            outputs["FileSystemId"] = (data_stage.file_system_id, "FSx for Lustre file system id")
-            outputs["FileSystemMountName"] = (data_stage.mount_name, "FSx for Lustre mount name")
-            outputs["FileSystemDirectoryPath"] = (data_stage.directory_path, "datasets path for FileSystemDataSource")
+        location = data_stage.file_system
+        if location is not None:
+            outputs["FileSystemId"] = (location.file_system_id, "FSx for Lustre file system id")
+            outputs["FileSystemMountName"] = (location.mount_name, "FSx for Lustre mount name")
+            outputs["FileSystemDirectoryPath"] = (location.directory_path, "datasets path for FileSystemDataSource")
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

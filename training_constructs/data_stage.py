@@ -9,6 +9,7 @@ new, changed and deleted objects). Checkpoints and artifacts go to their own buc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -18,7 +19,10 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from btk.environment import FSX_THROUGHPUT_PER_TIB, DataStageConfig
+from btk.environment import DataStageConfig, validate_fsx_storage_capacity, validate_fsx_throughput
+from training_constructs.locations import FileSystemLocation
+from training_constructs.nag import acknowledge_wildcard_resources
+from training_constructs.removal import data_removal_policy
 
 #: Events FSx mirrors between the file system and the bucket, both ways.
 DRA_EVENTS = ("NEW", "CHANGED", "DELETED")
@@ -35,78 +39,157 @@ FSX_S3_SERVICE_ROLE = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws
 
 
 def validate_fsx_settings(storage_capacity_gib: int, throughput_per_tib: int) -> None:
-    """Raise ``ValueError`` (one line) unless the PERSISTENT_2 size and throughput are sold."""
-    if storage_capacity_gib != 1200 and (storage_capacity_gib <= 0 or storage_capacity_gib % 2400):
-        raise ValueError(
-            f"data_stage.fsx_storage_capacity_gib: {storage_capacity_gib} GiB is not a PERSISTENT_2 size: "
-            "use 1200 or a multiple of 2400"
-        )
-    if throughput_per_tib not in FSX_THROUGHPUT_PER_TIB:
-        allowed = ", ".join(map(str, FSX_THROUGHPUT_PER_TIB))
-        raise ValueError(
-            f"data_stage.fsx_throughput_per_tib: {throughput_per_tib} MB/s/TiB is not offered: use one of {allowed}"
-        )
+    """Raise ``ValueError`` (one line naming the setting) unless PERSISTENT_2 sells the size and throughput.
+
+    The same rules as ``DataStageConfig``'s validators (they are the same functions): a config
+    built without validation (``model_construct``) still cannot reach CloudFormation.
+    """
+    for name, validate, value in (
+        ("fsx_storage_capacity_gib", validate_fsx_storage_capacity, storage_capacity_gib),
+        ("fsx_throughput_per_tib", validate_fsx_throughput, throughput_per_tib),
+    ):
+        try:
+            validate(value)
+        except ValueError as error:
+            raise ValueError(f"data_stage.{name}: {error}") from None
 
 
-def create_data_key(scope: Construct, construct_id: str, *, removal_policy: RemovalPolicy) -> kms.Key:
-    """The environment's customer-managed key (rotation on), usable by CloudWatch Logs.
+def account_log_groups_condition(stack: Stack) -> dict[str, Any]:
+    """Key-policy condition: CloudWatch Logs may use the key only for this account's log groups."""
+    log_groups = stack.format_arn(
+        service="logs", resource="log-group", resource_name="*", arn_format=ArnFormat.COLON_RESOURCE_NAME
+    )
+    return {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": log_groups}}
+
+
+@dataclass(frozen=True)
+class DataKeyProps:
+    """Props of :class:`DataKey`.
+
+    :param removal_policy: what stack deletion does to the key; RETAIN also lengthens the
+        deletion window from 7 to 30 days. Default: DESTROY.
+    """
+
+    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+
+
+class DataKey(kms.Key):
+    """The environment's customer-managed key (rotation on), usable by CloudWatch Logs and FSx.
 
     One key encrypts the buckets, the file system, the flow logs and the training volumes.
     """
-    stack = Stack.of(scope)
-    key = kms.Key(
-        scope,
-        construct_id,
-        description=f"Blackwell Training Kit data key ({stack.stack_name})",
-        enable_key_rotation=True,
-        removal_policy=removal_policy,
-        pending_window=Duration.days(30 if removal_policy == RemovalPolicy.RETAIN else 7),
-    )
-    key.add_to_resource_policy(
-        iam.PolicyStatement(
-            sid="AllowCloudWatchLogsOfThisAccount",
-            principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
-            actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
-                     "kms:DescribeKey"],
-            resources=["*"],
-            conditions={
-                "ArnLike": {
-                    "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                        service="logs", resource="log-group", resource_name="*",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                }
-            },
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: DataKeyProps | None = None) -> None:
+        props = props or DataKeyProps()
+        stack = Stack.of(scope)
+        super().__init__(
+            scope,
+            construct_id,
+            description=f"Blackwell Training Kit data key ({stack.stack_name})",
+            enable_key_rotation=True,
+            removal_policy=props.removal_policy,
+            pending_window=Duration.days(30 if props.removal_policy == RemovalPolicy.RETAIN else 7),
         )
-    )
-    # FSx reads and writes SSE-KMS objects through a per-file-system service-linked role; its
-    # name carries the file-system id, unknown before creation, hence the ArnLike pattern. The
-    # key policy must name that role itself: the account root would only delegate to IAM, and
-    # the service-linked role's own policy grants no KMS. Any principal, narrowed by the role's
-    # ARN, this account as caller and S3 as the only path, is AWS's documented pattern for a
-    # principal whose ARN is not known yet.
-    key.add_to_resource_policy(
-        iam.PolicyStatement(
-            sid="AllowFsxDataRepositoryThroughS3",
-            principals=[iam.AnyPrincipal()],
-            actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
-                     "kms:DescribeKey"],
-            resources=["*"],
-            conditions={
-                "ArnLike": {"aws:PrincipalArn": f"arn:{stack.partition}:iam::{stack.account}:{FSX_S3_SERVICE_ROLE}"},
-                "StringEquals": {
-                    "kms:ViaService": f"s3.{stack.region}.amazonaws.com",
-                    "kms:CallerAccount": stack.account,
+        self._allow_cloudwatch_logs(stack)
+        self._allow_fsx_data_repository(stack)
+
+    def _allow_cloudwatch_logs(self, stack: Stack) -> None:
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowCloudWatchLogsOfThisAccount",
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
+                         "kms:DescribeKey"],
+                resources=["*"],
+                conditions=account_log_groups_condition(stack),
+            )
+        )
+
+    def _allow_fsx_data_repository(self, stack: Stack) -> None:
+        # FSx reads and writes SSE-KMS objects through a per-file-system service-linked role; its
+        # name carries the file-system id, unknown before creation, hence the ArnLike pattern. The
+        # key policy must name that role itself: the account root would only delegate to IAM, and
+        # the service-linked role's own policy grants no KMS. Any principal, narrowed by the role's
+        # ARN, this account as caller and S3 as the only path, is AWS's documented pattern for a
+        # principal whose ARN is not known yet.
+        self.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowFsxDataRepositoryThroughS3",
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
+                         "kms:DescribeKey"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {
+                        "aws:PrincipalArn": f"arn:{stack.partition}:iam::{stack.account}:{FSX_S3_SERVICE_ROLE}"
+                    },
+                    "StringEquals": {
+                        "kms:ViaService": f"s3.{stack.region}.amazonaws.com",
+                        "kms:CallerAccount": stack.account,
+                    },
                 },
-            },
+            )
         )
-    )
-    key.node.default_child.add_metadata(  # type: ignore[union-attr]
-        "checkov",
-        {"skip": [{"id": "CKV_AWS_33", "comment": "the '*' principal of AllowFsxDataRepositoryThroughS3 is narrowed "
-                   "to FSx's S3 service-linked role of this account, via S3 only"}]},
-    )
-    return key
+        self.node.default_child.add_metadata(  # type: ignore[union-attr]
+            "checkov",
+            {"skip": [{"id": "CKV_AWS_33", "comment": "the '*' principal of AllowFsxDataRepositoryThroughS3 is "
+                       "narrowed to FSx's S3 service-linked role of this account, via S3 only"}]},
+        )
+
+
+@dataclass(frozen=True)
+class DatasetsLocation:
+    """The datasets bucket and its prefixes: raw text in, tokenized shards out.
+
+    :param bucket: the datasets bucket.
+    :param key: the key its objects are encrypted with.
+    :param prefix: where tokenized shards live (the ``s3`` channel, the prefix FSx mirrors).
+        Default: ``datasets/``.
+    :param raw_prefix: where raw JSONL and ``tokenizer.json`` are put for the tokenize step.
+        Default: ``raw/``.
+    """
+
+    bucket: s3.IBucket
+    key: kms.IKey
+    prefix: str = "datasets/"
+    raw_prefix: str = "raw/"
+
+    @property
+    def shards_s3_url(self) -> str:
+        """``s3://<bucket>/<prefix>``: what the ``train`` channel reads in ``s3`` mode."""
+        return self.bucket.s3_url_for_object(self.prefix)
+
+    @property
+    def raw_s3_url(self) -> str:
+        """``s3://<bucket>/<raw_prefix>``: what the tokenize step reads."""
+        return self.bucket.s3_url_for_object(self.raw_prefix)
+
+    def grant_prepare(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Read raw data and write shards (the tokenize step); idempotent."""
+        raw_objects = self.bucket.arn_for_objects(f"{self.raw_prefix}*")
+        shard_objects = self.bucket.arn_for_objects(f"{self.prefix}*")
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:ListBucket"],
+            resource_arns=[self.bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{self.raw_prefix}*"]}},
+        )
+        for actions, resources in (
+            (["s3:GetObject"], [raw_objects]),
+            (["s3:PutObject", "s3:AbortMultipartUpload"], [shard_objects]),
+            (["kms:Decrypt", "kms:GenerateDataKey"], [self.key.key_arn]),
+        ):
+            grant = grant.combine(iam.Grant.add_to_principal(grantee=grantee, actions=actions, resource_arns=resources))
+        principal = grantee.grant_principal
+        policy = principal.node.try_find_child("DefaultPolicy") if isinstance(principal, Construct) else None
+        if policy is not None:
+            acknowledge_wildcard_resources(
+                policy,
+                [raw_objects, shard_objects],
+                "the tokenize step reads the user's raw files under the raw prefix and writes shards under the "
+                "datasets prefix; object keys are the user's data and unknown at deploy time",
+            )
+        return grant
 
 
 @dataclass(frozen=True)
@@ -134,21 +217,21 @@ class DataStage(Construct):
     """Datasets, checkpoints and artifacts buckets, their access logs, and FSx in ``fsx`` mode.
 
     Attributes: ``key``, ``datasets_bucket``, ``checkpoints_bucket``, ``artifacts_bucket``,
-    ``access_log_bucket``, ``datasets_prefix``; in ``fsx`` mode ``file_system``,
-    ``file_system_id``, ``mount_name``, ``directory_path`` (what a SageMaker
-    ``FileSystemDataSource`` needs: ``/<mount name><fsx_directory>``) and ``association``;
-    these are ``None`` in ``s3`` mode.
+    ``access_log_bucket``, ``datasets_prefix``, ``datasets`` (the bucket and its prefixes, with
+    the tokenize grant), and ``file_system``: where jobs read the datasets on FSx for Lustre
+    (a :class:`FileSystemLocation`; ``None`` in ``s3`` mode).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: DataStageProps) -> None:
         super().__init__(scope, construct_id)
+        self._validate_props(props)
         # Access logs are delivered through a bucket policy, not the LogDeliveryWrite ACL (ACLs
         # stay disabled on every bucket); set here so the construct does not rely on cdk.json.
         self.node.set_context(ACCESS_LOGS_BY_POLICY, True)
         config = props.config
         self.config = config
         self.key = props.key
-        self.removal_policy = RemovalPolicy.RETAIN if props.retain_data else RemovalPolicy.DESTROY
+        self.removal_policy = data_removal_policy(props.retain_data)
         self.datasets_prefix = config.datasets_prefix
 
         self.access_log_bucket = s3.Bucket(
@@ -178,14 +261,20 @@ class DataStage(Construct):
                 id="expire-checkpoints", expiration=Duration.days(config.checkpoint_expiration_days)
             )
         self.artifacts_bucket = self._bucket("Artifacts", "artifacts/")
+        self.datasets = DatasetsLocation(bucket=self.datasets_bucket, key=self.key, prefix=self.datasets_prefix)
 
-        self.file_system: fsx.LustreFileSystem | None = None
-        self.association: fsx.CfnDataRepositoryAssociation | None = None
-        self.file_system_id: str | None = None
-        self.mount_name: str | None = None
-        self.directory_path: str | None = None
+        self.file_system: FileSystemLocation | None = None
         if config.mode == "fsx":
-            self._file_system(props)
+            self.file_system = self._file_system(props)
+
+    def _validate_props(self, props: DataStageProps) -> None:
+        """Every rule a config built without validation could break, each error naming the setting."""
+        config = props.config
+        try:
+            if config.mode == "fsx":
+                validate_fsx_settings(config.fsx_storage_capacity_gib, config.fsx_throughput_per_tib)
+        except ValueError as error:
+            raise ValueError(f"{self.node.path}: {error}") from None
 
     @property
     def fsx_enabled(self) -> bool:
@@ -209,12 +298,9 @@ class DataStage(Construct):
             lifecycle_rules=_lifecycle_rules(),
         )
 
-    def _file_system(self, props: DataStageProps) -> None:
+    def _file_system(self, props: DataStageProps) -> FileSystemLocation:
+        """FSx for Lustre PERSISTENT_2 linked to the datasets prefix; where jobs find the datasets."""
         config = props.config
-        try:
-            validate_fsx_settings(config.fsx_storage_capacity_gib, config.fsx_throughput_per_tib)
-        except ValueError as error:
-            raise ValueError(f"{self.node.path}: {error}") from None
         file_system = fsx.LustreFileSystem(
             self,
             "FileSystem",
@@ -234,13 +320,9 @@ class DataStage(Construct):
         cfn_file_system = file_system.node.default_child
         assert isinstance(cfn_file_system, fsx.CfnFileSystem)
         cfn_file_system.add_property_override("LustreConfiguration.MetadataConfiguration", {"Mode": "AUTOMATIC"})
-        self.file_system = file_system
-        self.file_system_id = file_system.file_system_id
-        self.mount_name = file_system.mount_name
-        self.directory_path = f"/{file_system.mount_name}{config.fsx_directory}"
 
         events = list(DRA_EVENTS)
-        self.association = fsx.CfnDataRepositoryAssociation(
+        association = fsx.CfnDataRepositoryAssociation(
             self,
             "DatasetsAssociation",
             file_system_id=file_system.file_system_id,
@@ -252,7 +334,8 @@ class DataStage(Construct):
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=events),
             ),
         )
-        self.association.apply_removal_policy(self.removal_policy)
+        association.apply_removal_policy(self.removal_policy)
+        return FileSystemLocation(file_system.file_system_id, file_system.mount_name, config.fsx_directory)
 
     # -- grants ---------------------------------------------------------------------------
 

@@ -18,12 +18,9 @@ from constructs import Construct
 
 from training_constructs.data_stage import DataStage
 from training_constructs.nag import acknowledge, acknowledge_wildcard_resources
+from training_constructs.sagemaker_service import SAGEMAKER_LOG_GROUPS, TRAINING_METRIC_NAMESPACE, sagemaker_principal
 from training_constructs.training_image import TrainingImage
 
-#: Log groups SageMaker writes job logs to (created by SageMaker on first use).
-SAGEMAKER_LOG_GROUPS = ("/aws/sagemaker/TrainingJobs", "/aws/sagemaker/ProcessingJobs")
-#: The CloudWatch namespace SageMaker publishes training-job metrics to.
-SAGEMAKER_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 #: Read-only EC2 calls SageMaker makes before placing ENIs; EC2 Describe* has no resource scope.
 EC2_DESCRIBE_ACTIONS = (
     "ec2:DescribeNetworkInterfaces",
@@ -32,14 +29,6 @@ EC2_DESCRIBE_ACTIONS = (
     "ec2:DescribeSubnets",
     "ec2:DescribeSecurityGroups",
 )
-
-
-def sagemaker_principal(stack: Stack) -> iam.ServicePrincipal:
-    """SageMaker as a principal, only on behalf of this stack's account (confused-deputy guard)."""
-    return iam.ServicePrincipal(
-        "sagemaker.amazonaws.com",
-        conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
-    )
 
 
 @dataclass(frozen=True)
@@ -113,7 +102,7 @@ class TrainingExecutionRole(Construct):
                 sid="JobMetrics",
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": SAGEMAKER_METRIC_NAMESPACE}},
+                conditions={"StringEquals": {"cloudwatch:namespace": TRAINING_METRIC_NAMESPACE}},
             )
         )
 
@@ -190,7 +179,7 @@ class TrainingExecutionRole(Construct):
             policy,
             self._log_group_arns(stack),
             "SageMaker names one log stream per job and host inside its fixed log groups "
-            "/aws/sagemaker/TrainingJobs and /aws/sagemaker/ProcessingJobs; the streams are unknown at deploy",
+            f"{' and '.join(SAGEMAKER_LOG_GROUPS)}; the streams are unknown at deploy",
         )
         acknowledge_wildcard_resources(
             policy,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import jsii
-from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
@@ -40,12 +40,17 @@ from constructs import Construct
 
 from btk.environment import EnvironmentConfig
 from btk.metrics import METRICS_BY_KEY
+from btk.naming import environment_prefix
+from training_constructs.data_stage import account_log_groups_condition
+from training_constructs.removal import data_removal_policy
+from training_constructs.sagemaker_service import (
+    PIPELINE_METRIC_NAMESPACE,
+    SAGEMAKER_LOG_GROUPS,
+    TRAINING_JOB_LOG_GROUP,
+    TRAINING_METRIC_DIMENSION,
+    TRAINING_METRIC_NAMESPACE,
+)
 
-#: Where SageMaker publishes metric-definition values of training jobs.
-TRAINING_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
-TRAINING_METRIC_DIMENSION = "TrainingJobName"
-PIPELINE_METRIC_NAMESPACE = "AWS/Sagemaker/ModelBuildingPipeline"
-SAGEMAKER_LOG_GROUPS = ("/aws/sagemaker/TrainingJobs", "/aws/sagemaker/ProcessingJobs")
 PIPELINE_FAILED_DETAIL_TYPE = "SageMaker Model Building Pipeline Execution Status Change"
 TRAINING_JOB_DETAIL_TYPE = "SageMaker Training Job State Change"
 #: Metrics drawn per profile, one graph each.
@@ -97,14 +102,11 @@ class TrainingObservability(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingObservabilityProps) -> None:
         super().__init__(scope, construct_id)
+        self._validate_props(props)
         env = props.environment
-        if not props.pipeline_names:
-            raise ValueError(f"{self.node.path}: pipeline_names is empty: pass TrainingPipelines.pipeline_names")
-        if not props.job_name_prefixes:
-            raise ValueError(f"{self.node.path}: job_name_prefixes is empty: pass each pipeline's job_name_prefix")
         stack = Stack.of(self)
         self.environment = env
-        removal = RemovalPolicy.RETAIN if env.retain_data else RemovalPolicy.DESTROY
+        removal = data_removal_policy(env.retain_data)
 
         self.key: kms.IKey = props.key or kms.Key(
             self,
@@ -201,7 +203,7 @@ class TrainingObservability(Construct):
         logs.ResourcePolicy(
             self,
             "EventLogPolicy",
-            resource_policy_name=f"btk-{env.name}-training-events",
+            resource_policy_name=f"{environment_prefix(env.name)}training-events",
             policy_statements=[
                 iam.PolicyStatement(
                     sid="EventBridgeCreatesStreams",
@@ -220,6 +222,13 @@ class TrainingObservability(Construct):
         )
         self.dashboard = self._dashboard(props)
 
+    def _validate_props(self, props: TrainingObservabilityProps) -> None:
+        """Fail synth with one line naming the prop: rules and dashboards need something to watch."""
+        if not props.pipeline_names:
+            raise ValueError(f"{self.node.path}: pipeline_names is empty: pass TrainingPipelines.pipeline_names")
+        if not props.job_name_prefixes:
+            raise ValueError(f"{self.node.path}: job_name_prefixes is empty: pass each pipeline's job_name_prefix")
+
     def _allow_services(self, key: kms.Key, stack: Stack) -> None:
         key.add_to_resource_policy(
             iam.PolicyStatement(
@@ -236,14 +245,7 @@ class TrainingObservability(Construct):
                 principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
                 actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
                 resources=["*"],
-                conditions={
-                    "ArnLike": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs", resource="log-group", resource_name="*",
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                        )
-                    }
-                },
+                conditions=account_log_groups_condition(stack),
             )
         )
 
@@ -254,7 +256,7 @@ class TrainingObservability(Construct):
         dashboard = cloudwatch.Dashboard(
             self,
             "Dashboard",
-            dashboard_name=f"btk-{env.name}-training",
+            dashboard_name=f"{environment_prefix(env.name)}training",
             default_interval=Duration.days(7),
         )
         dashboard.add_widgets(
@@ -279,10 +281,10 @@ class TrainingObservability(Construct):
         dashboard.add_widgets(
             cloudwatch.LogQueryWidget(
                 title="Latest metric lines",
-                log_group_names=[SAGEMAKER_LOG_GROUPS[0]],
+                log_group_names=[TRAINING_JOB_LOG_GROUP],
                 query_lines=[
                     "fields @timestamp, @logStream, @message",
-                    f"filter @logStream like /^btk-{env.name}-/ and @message like /btk_metric/",
+                    f"filter @logStream like /^{environment_prefix(env.name)}/ and @message like /btk_metric/",
                     "sort @timestamp desc",
                     "limit 50",
                 ],

@@ -8,12 +8,13 @@ create, describe and stop only this environment's jobs (by job-name prefix), tag
 pass only the execution role to SageMaker.
 
 :class:`TrainingPipelines` makes one :class:`TrainingPipeline` per profile of the
-environment, with the planner's knobs: adding a profile to an environment adds a pipeline.
+environment, with the knobs the caller planned for it: adding a profile to an environment
+adds a pipeline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aws_cdk import Stack, Token
@@ -26,35 +27,33 @@ from constructs import Construct
 
 from btk.environment import EnvironmentConfig
 from btk.knobs import TrainingKnobs
-from btk.naming import pipeline_name
+from btk.naming import environment_prefix, job_name_prefix, pipeline_name
 from btk.profile import ModelProfile
-from training_constructs.execution_role import sagemaker_principal
+from training_constructs.data_stage import DatasetsLocation
+from training_constructs.locations import FileSystemLocation
 from training_constructs.nag import acknowledge_wildcard_resources
 from training_constructs.pipeline_definition import (
     DataPreparation,
-    FsxTrainingData,
     PipelineSpec,
     S3TrainingData,
     build_pipeline_definition,
-    job_name_prefix,
 )
+from training_constructs.sagemaker_service import sagemaker_principal
 
 #: Default instance of the data-preparation (tokenize) processing job.
 DEFAULT_PREPARATION_INSTANCE = "ml.c5.9xlarge"
 
 
 @dataclass(frozen=True)
-class FileSystemLocation:
-    """Where the ``train`` channel is on FSx for Lustre (``fsx`` mode).
+class PlannedProfile:
+    """A model profile with the knobs planned for it on the environment's instances.
 
-    :param file_system_id: ``fs-…`` (a token is fine).
-    :param mount_name: the Lustre mount name (a token is fine).
-    :param directory: directory inside the file system; the environment's ``fsx_directory``.
+    :param profile: the model profile.
+    :param knobs: what ``btk plan`` chose for it (or any knobs the caller pins).
     """
 
-    file_system_id: str
-    mount_name: str
-    directory: str
+    profile: ModelProfile
+    knobs: TrainingKnobs
 
 
 @dataclass(frozen=True)
@@ -66,13 +65,12 @@ class PipelineResources:
     :param key: the environment's key: job output, and volumes where the instance has EBS.
     :param subnets: the training subnet(s) in the environment's AZ.
     :param security_groups: the EFA/Lustre security group(s).
-    :param datasets_bucket: datasets bucket (``s3`` mode channel; data-preparation in/out).
+    :param datasets: the datasets bucket and prefixes (``s3`` mode channel; data-preparation
+        in/out); ``DataStage.datasets``.
     :param checkpoints_bucket: checkpoints, one prefix per profile and execution.
     :param artifacts_bucket: model artifacts, one prefix per profile.
-    :param datasets_prefix: the prefix of tokenized datasets. Default: ``datasets/``.
-    :param file_system: the FSx location (``fsx`` mode); None in ``s3`` mode. Default: None.
-    :param raw_data_prefix: where raw JSONL and ``tokenizer.json`` are put for the tokenize
-        step. Default: ``raw/``.
+    :param file_system: the FSx location (``fsx`` mode; ``DataStage.file_system``). Default:
+        None (``s3`` mode).
     """
 
     image_uri: str
@@ -80,38 +78,26 @@ class PipelineResources:
     key: kms.IKey
     subnets: Sequence[ec2.ISubnet]
     security_groups: Sequence[ec2.ISecurityGroup]
-    datasets_bucket: s3.IBucket
+    datasets: DatasetsLocation
     checkpoints_bucket: s3.IBucket
     artifacts_bucket: s3.IBucket
-    datasets_prefix: str = "datasets/"
     file_system: FileSystemLocation | None = None
-    raw_data_prefix: str = "raw/"
 
 
 @dataclass(frozen=True)
-class TrainingPipelineProps:
-    """Props of :class:`TrainingPipeline`.
+class PipelineRoleProps:
+    """Props of :class:`PipelineRole`.
 
-    :param environment: the environment; the profile must be one of its ``profiles``.
-    :param profile: the model profile.
-    :param knobs: the planner's knobs for ``profile`` on the environment's instances.
-    :param resources: the shared :class:`PipelineResources`.
-    :param pipeline_role: role SageMaker Pipelines assumes. Default: a new
-        :class:`PipelineRole` for this pipeline alone.
-    :param training_plan_arn: default of the ``TrainingPlanArn`` parameter (a token from the
-        reservation construct is fine). Default: None, i.e. "" (on-demand).
-    :param data_preparation: add the tokenize ``ProcessingStep`` before training. Default: False.
-    :param preparation_instance_type: instance of the tokenize job. Default: ``ml.c5.9xlarge``.
+    :param environment: the environment whose jobs (``btk-<env>-*``) the role may run.
+    :param execution_role: the jobs' execution role, the only role it may pass to SageMaker.
+    :param key: the environment's key, on which it may create grants for job volumes.
+    :param data_preparation: also run processing (tokenize) jobs. Default: False.
     """
 
     environment: EnvironmentConfig
-    profile: ModelProfile
-    knobs: TrainingKnobs
-    resources: PipelineResources
-    pipeline_role: PipelineRole | None = None
-    training_plan_arn: str | None = None
+    execution_role: iam.IRole
+    key: kms.IKey
     data_preparation: bool = False
-    preparation_instance_type: str = DEFAULT_PREPARATION_INSTANCE
 
 
 class PipelineRole(Construct):
@@ -120,21 +106,15 @@ class PipelineRole(Construct):
     It may create, describe and stop training (and, with data preparation, processing) jobs
     whose names start with ``btk-<env>-``, add tags to them, pass the execution role to
     SageMaker, and create grants on the key for job volumes. Nothing else.
+
+    Attributes: ``role``, ``role_arn``, ``job_arns``, ``plan_arns``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        environment: EnvironmentConfig,
-        execution_role: iam.IRole,
-        key: kms.IKey,
-        data_preparation: bool = False,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, props: PipelineRoleProps) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        prefix = f"btk-{environment.name}-"
+        environment, data_preparation = props.environment, props.data_preparation
+        prefix = environment_prefix(environment.name)
         self.role = iam.Role(
             self,
             "Role",
@@ -174,7 +154,7 @@ class PipelineRole(Construct):
             iam.PolicyStatement(
                 sid="PassExecutionRole",
                 actions=["iam:PassRole"],
-                resources=[execution_role.role_arn],
+                resources=[props.execution_role.role_arn],
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             )
         )
@@ -182,7 +162,7 @@ class PipelineRole(Construct):
             iam.PolicyStatement(
                 sid="VolumeKeyGrants",
                 actions=["kms:CreateGrant", "kms:DescribeKey"],
-                resources=[key.key_arn],
+                resources=[props.key.key_arn],
                 conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
             )
         )
@@ -206,6 +186,33 @@ class PipelineRole(Construct):
         return self.role.role_arn
 
 
+@dataclass(frozen=True)
+class TrainingPipelineProps:
+    """Props of :class:`TrainingPipeline`.
+
+    :param environment: the environment; the profile must be one of its ``profiles``.
+    :param profile: the model profile.
+    :param knobs: the planner's knobs for ``profile`` on the environment's instances.
+    :param resources: the shared :class:`PipelineResources`.
+    :param pipeline_role: role SageMaker Pipelines assumes. Default: a new
+        :class:`PipelineRole` for this pipeline alone.
+    :param training_plan_arn: default of the ``TrainingPlanArn`` parameter (a token from the
+        reservation construct is fine). Default: None, i.e. "" (on-demand).
+    :param data_preparation: add the tokenize ``ProcessingStep`` before training, and let the
+        execution role read raw data and write shards. Default: False.
+    :param preparation_instance_type: instance of the tokenize job. Default: ``ml.c5.9xlarge``.
+    """
+
+    environment: EnvironmentConfig
+    profile: ModelProfile
+    knobs: TrainingKnobs
+    resources: PipelineResources
+    pipeline_role: PipelineRole | None = None
+    training_plan_arn: str | None = None
+    data_preparation: bool = False
+    preparation_instance_type: str = DEFAULT_PREPARATION_INSTANCE
+
+
 class TrainingPipeline(Construct):
     """An ``AWS::SageMaker::Pipeline`` that trains one profile with the planner's knobs.
 
@@ -216,6 +223,7 @@ class TrainingPipeline(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingPipelineProps) -> None:
         super().__init__(scope, construct_id)
+        self._validate_props(props)
         env, profile, resources = props.environment, props.profile, props.resources
         self.environment = env
         self.profile = profile
@@ -224,36 +232,61 @@ class TrainingPipeline(Construct):
         self.pipeline_role = props.pipeline_role or PipelineRole(
             self,
             "PipelineRole",
-            environment=env,
-            execution_role=resources.execution_role,
-            key=resources.key,
-            data_preparation=props.data_preparation,
+            props=PipelineRoleProps(
+                environment=env,
+                execution_role=resources.execution_role,
+                key=resources.key,
+                data_preparation=props.data_preparation,
+            ),
         )
+        #: The definition JSON; CDK token strings inside resolve to ``Fn::Join`` parts at synth.
+        self.definition = self._definition(props)
+        self.pipeline = sagemaker.CfnPipeline(
+            self,
+            "Pipeline",
+            pipeline_name=self.pipeline_name,
+            pipeline_display_name=self.pipeline_name,
+            pipeline_description=f"Train {profile.name} on {env.instance_type} ({env.name})",
+            pipeline_definition={"PipelineDefinitionBody": self.definition},
+            role_arn=self.pipeline_role.role_arn,
+        )
+        if props.data_preparation:
+            resources.datasets.grant_prepare(resources.execution_role)
+
+    def _validate_props(self, props: TrainingPipelineProps) -> None:
+        env = props.environment
+        if env.data_stage.mode == "fsx" and props.resources.file_system is None:
+            raise ValueError(
+                f"{self.node.path}: environment {env.name!r} uses data_stage.mode=fsx: "
+                "pass PipelineResources.file_system (the data stage's FSx id, mount name, directory)"
+            )
+
+    def _definition(self, props: TrainingPipelineProps) -> str:
+        """Build the definition with tokens hidden from the SDK, then put them back."""
+        env, resources = props.environment, props.resources
         tokens = _TokenPlaceholders()
         region = env.region
-        train_data = self._train_data(env, resources)
-        if isinstance(train_data, FsxTrainingData):
-            train_data = FsxTrainingData(
-                file_system_id=tokens.hide(train_data.file_system_id, "fs-{}"),
-                mount_name=tokens.hide(train_data.mount_name),
-                directory=train_data.directory,
+        train_data: FileSystemLocation | S3TrainingData
+        if env.data_stage.mode == "fsx":
+            location = resources.file_system
+            assert location is not None  # _validate_props
+            train_data = FileSystemLocation(
+                file_system_id=tokens.hide(location.file_system_id, "fs-{}"),
+                mount_name=tokens.hide(location.mount_name),
+                directory=location.directory,
             )
         else:
-            train_data = S3TrainingData(tokens.hide(train_data.s3_uri, "s3://{}"))
+            train_data = S3TrainingData(tokens.hide(resources.datasets.shards_s3_url, "s3://{}"))
         preparation = None
         if props.data_preparation:
             preparation = DataPreparation(
-                raw_s3_uri=tokens.hide(
-                    resources.datasets_bucket.s3_url_for_object(resources.raw_data_prefix), "s3://{}"
-                ),
-                output_s3_uri=tokens.hide(
-                    resources.datasets_bucket.s3_url_for_object(resources.datasets_prefix), "s3://{}"
-                ),
+                raw_s3_uri=tokens.hide(resources.datasets.raw_s3_url, "s3://{}"),
+                output_s3_uri=tokens.hide(resources.datasets.shards_s3_url, "s3://{}"),
                 instance_type=props.preparation_instance_type,
             )
         spec = PipelineSpec(
             environment=env,
-            profile=profile,
+            profile=props.profile,
             knobs=props.knobs,
             image_uri=tokens.hide(resources.image_uri),
             role_arn=tokens.hide(resources.execution_role.role_arn, "arn:aws:iam::000000000000:role/{}"),
@@ -268,30 +301,7 @@ class TrainingPipeline(Construct):
             ),
             data_preparation=preparation,
         )
-        #: The definition JSON; CDK token strings inside resolve to ``Fn::Join`` parts at synth.
-        self.definition = tokens.restore(build_pipeline_definition(spec))
-        self.pipeline = sagemaker.CfnPipeline(
-            self,
-            "Pipeline",
-            pipeline_name=self.pipeline_name,
-            pipeline_display_name=self.pipeline_name,
-            pipeline_description=f"Train {profile.name} on {env.instance_type} ({env.name})",
-            pipeline_definition={"PipelineDefinitionBody": self.definition},
-            role_arn=self.pipeline_role.role_arn,
-        )
-        if props.data_preparation:
-            grant_data_preparation(resources)
-
-    def _train_data(self, env: EnvironmentConfig, resources: PipelineResources) -> FsxTrainingData | S3TrainingData:
-        if env.data_stage.mode == "fsx":
-            location = resources.file_system
-            if location is None:
-                raise ValueError(
-                    f"{self.node.path}: environment {env.name!r} uses data_stage.mode=fsx: "
-                    "pass PipelineResources.file_system (the data stage's FSx id, mount name, directory)"
-                )
-            return FsxTrainingData(location.file_system_id, location.mount_name, location.directory)
-        return S3TrainingData(resources.datasets_bucket.s3_url_for_object(resources.datasets_prefix))
+        return tokens.restore(build_pipeline_definition(spec))
 
     @property
     def pipeline_arn(self) -> str:
@@ -299,97 +309,82 @@ class TrainingPipeline(Construct):
         return Stack.of(self).format_arn(service="sagemaker", resource="pipeline", resource_name=self.pipeline_name)
 
 
-class TrainingPipelines(Construct):
-    """One :class:`TrainingPipeline` per profile of ``env_config``, sharing one pipeline role.
+@dataclass(frozen=True)
+class TrainingPipelinesProps:
+    """Props of :class:`TrainingPipelines`.
 
-    :param env_config: the environment; every name in ``env_config.profiles`` gets a pipeline.
+    :param environment: the environment; every name in its ``profiles`` gets a pipeline.
+    :param profiles: one :class:`PlannedProfile` per name in ``environment.profiles`` (the
+        stack plans them: what ``btk plan`` reports for the environment's instance type and count).
     :param resources: the shared :class:`PipelineResources`.
-    :param knobs: knobs by profile name. Default: ``btk.planner.search.plan_environment(env_config)``
-        (what ``btk plan`` reports for the environment's instance type and count).
     :param training_plan_arn: default ``TrainingPlanArn`` of every pipeline. Default: None ("").
     :param data_preparation: add the tokenize step to every pipeline. Default: False.
-
-    Attributes: ``pipelines`` (by profile name), ``pipeline_role``, ``job_name_prefix``
-    (``btk-<env>-``, shared by every job of the environment).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        env_config: EnvironmentConfig,
-        *,
-        resources: PipelineResources,
-        knobs: Mapping[str, TrainingKnobs] | None = None,
-        training_plan_arn: str | None = None,
-        data_preparation: bool = False,
-    ) -> None:
+    environment: EnvironmentConfig
+    profiles: Sequence[PlannedProfile]
+    resources: PipelineResources
+    training_plan_arn: str | None = None
+    data_preparation: bool = False
+
+
+class TrainingPipelines(Construct):
+    """One :class:`TrainingPipeline` per profile of the environment, sharing one pipeline role.
+
+    Attributes: ``pipelines`` (by profile name, in the environment's order), ``pipeline_role``,
+    ``job_name_prefix`` (``btk-<env>-``, shared by every job of the environment).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingPipelinesProps) -> None:
         super().__init__(scope, construct_id)
-        from btk.catalog import get_profile
-
-        if knobs is None:
-            from btk.planner.search import plan_environment
-
-            knobs = {name: plan.knobs for name, plan in plan_environment(env_config).items()}
-        missing = [name for name in env_config.profiles if name not in knobs]
-        if missing:
-            raise ValueError(f"{self.node.path}: no knobs for profile(s) {', '.join(missing)}: plan them first")
-        self.job_name_prefix = f"btk-{env_config.name}-"
+        self._validate_props(props)
+        env, resources = props.environment, props.resources
+        planned = {item.profile.name: item for item in props.profiles}
+        self.job_name_prefix = environment_prefix(env.name)
         self.pipeline_role = PipelineRole(
             self,
             "PipelineRole",
-            environment=env_config,
-            execution_role=resources.execution_role,
-            key=resources.key,
-            data_preparation=data_preparation,
+            props=PipelineRoleProps(
+                environment=env,
+                execution_role=resources.execution_role,
+                key=resources.key,
+                data_preparation=props.data_preparation,
+            ),
         )
         self.pipelines: dict[str, TrainingPipeline] = {}
-        for name in env_config.profiles:
+        for name in env.profiles:
             self.pipelines[name] = TrainingPipeline(
                 self,
                 _construct_id(name),
                 props=TrainingPipelineProps(
-                    environment=env_config,
-                    profile=get_profile(name),
-                    knobs=knobs[name],
+                    environment=env,
+                    profile=planned[name].profile,
+                    knobs=planned[name].knobs,
                     resources=resources,
                     pipeline_role=self.pipeline_role,
-                    training_plan_arn=training_plan_arn,
-                    data_preparation=data_preparation,
+                    training_plan_arn=props.training_plan_arn,
+                    data_preparation=props.data_preparation,
                 ),
+            )
+
+    def _validate_props(self, props: TrainingPipelinesProps) -> None:
+        """``profiles`` must plan exactly the environment's profiles."""
+        env = props.environment
+        names = [item.profile.name for item in props.profiles]
+        missing = [name for name in env.profiles if name not in names]
+        if missing:
+            raise ValueError(
+                f"{self.node.path}: profiles: no knobs for profile(s) {', '.join(missing)}: plan them first"
+            )
+        extra = [name for name in names if name not in env.profiles]
+        if extra:
+            raise ValueError(
+                f"{self.node.path}: profiles: {', '.join(extra)} not in environment {env.name!r}: add to its profiles"
             )
 
     @property
     def pipeline_names(self) -> list[str]:
         return [pipeline.pipeline_name for pipeline in self.pipelines.values()]
-
-
-def grant_data_preparation(resources: PipelineResources) -> None:
-    """Let the execution role read raw data and write shards for the tokenize step (idempotent)."""
-    role, bucket = resources.execution_role, resources.datasets_bucket
-    raw_objects = bucket.arn_for_objects(f"{resources.raw_data_prefix}*")
-    shard_objects = bucket.arn_for_objects(f"{resources.datasets_prefix}*")
-    iam.Grant.add_to_principal(
-        grantee=role,
-        actions=["s3:ListBucket"],
-        resource_arns=[bucket.bucket_arn],
-        conditions={"StringLike": {"s3:prefix": [f"{resources.raw_data_prefix}*"]}},
-    )
-    iam.Grant.add_to_principal(grantee=role, actions=["s3:GetObject"], resource_arns=[raw_objects])
-    iam.Grant.add_to_principal(
-        grantee=role, actions=["s3:PutObject", "s3:AbortMultipartUpload"], resource_arns=[shard_objects]
-    )
-    iam.Grant.add_to_principal(
-        grantee=role, actions=["kms:Decrypt", "kms:GenerateDataKey"], resource_arns=[resources.key.key_arn]
-    )
-    policy = role.node.try_find_child("DefaultPolicy")
-    if policy is not None:
-        acknowledge_wildcard_resources(
-            policy,
-            [raw_objects, shard_objects],
-            "the tokenize step reads the user's raw files under the raw prefix and writes shards under the "
-            "datasets prefix; object keys are the user's data and unknown at deploy time",
-        )
 
 
 class _TokenPlaceholders:

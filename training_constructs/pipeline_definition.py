@@ -50,8 +50,16 @@ from btk.hardware import get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.metrics import METRIC_DEFINITIONS
-from btk.naming import TAG_ENVIRONMENT, TAG_INSTANCE_TYPE, TAG_PROFILE, pipeline_name
+from btk.naming import (
+    JOB_NAME_PREFIX_MAX,
+    TAG_ENVIRONMENT,
+    TAG_INSTANCE_TYPE,
+    TAG_PROFILE,
+    job_name_prefix,
+    pipeline_name,
+)
 from btk.profile import ModelProfile
+from training_constructs.locations import FileSystemLocation
 
 PARAM_INSTANCE_COUNT = "InstanceCount"
 PARAM_TRAINING_PLAN_ARN = "TrainingPlanArn"
@@ -70,10 +78,6 @@ PROCESSING_INPUT = "/opt/ml/processing/input"
 PROCESSING_OUTPUT = "/opt/ml/processing/output"
 #: The tokenize tool of the training image (``containers/pyproject.toml``: ``btk-tokenize``).
 TOKENIZE_COMMAND = ("btk-tokenize",)
-
-
-#: Managed spot: how long a job may wait for capacity plus run, as a multiple of the run time.
-SPOT_WAIT_FACTOR = 2
 
 #: NCCL / EFA settings of the training containers on P6-B200 (and other EFA instances).
 NCCL_ENVIRONMENT: dict[str, str] = {
@@ -96,25 +100,6 @@ NCCL_ENVIRONMENT: dict[str, str] = {
 }
 
 _TOKEN = "${Token["
-
-
-@dataclass(frozen=True)
-class FsxTrainingData:
-    """The ``train`` channel from FSx for Lustre (``fsx`` mode), mounted read-only.
-
-    :param file_system_id: ``fs-…``.
-    :param mount_name: the file system's Lustre mount name.
-    :param directory: the directory inside the file system, e.g. ``/datasets``.
-    """
-
-    file_system_id: str
-    mount_name: str
-    directory: str
-
-    @property
-    def directory_path(self) -> str:
-        """``/<mount name><directory>``, what ``FileSystemDataSource.DirectoryPath`` wants."""
-        return f"/{self.mount_name}{self.directory}"
 
 
 @dataclass(frozen=True)
@@ -153,7 +138,7 @@ class PipelineSpec:
     :param kms_key_arn: the key for job output (and volumes where the instance has EBS).
     :param subnet_ids: the training subnet(s) (the environment's AZ).
     :param security_group_ids: the EFA/Lustre security group(s).
-    :param train_data: :class:`FsxTrainingData` or :class:`S3TrainingData`.
+    :param train_data: a :class:`FileSystemLocation` (``fsx`` mode) or :class:`S3TrainingData`.
     :param checkpoint_s3_uri: checkpoint root; each execution gets its own prefix below it.
     :param output_s3_uri: model artifacts root.
     :param training_plan_arn: default of ``TrainingPlanArn``. Default: "" (on-demand).
@@ -169,18 +154,13 @@ class PipelineSpec:
     kms_key_arn: str
     subnet_ids: Sequence[str]
     security_group_ids: Sequence[str]
-    train_data: FsxTrainingData | S3TrainingData
+    train_data: FileSystemLocation | S3TrainingData
     checkpoint_s3_uri: str
     output_s3_uri: str
     training_plan_arn: str = ""
     data_preparation: DataPreparation | None = None
     volume_size_gb: int = 500
     extra_tags: dict[str, str] = field(default_factory=dict)
-
-
-def job_name_prefix(environment: str, profile: str) -> str:
-    """Prefix of the jobs' names: the pipeline name, cut to leave room for SageMaker's suffix."""
-    return pipeline_name(environment, profile)[:40].rstrip("-")
 
 
 def training_hyperparameters(
@@ -238,8 +218,8 @@ def validate_spec(spec: PipelineSpec) -> None:
     if not spec.subnet_ids or not spec.security_group_ids:
         raise BtkError("pipeline needs subnet_ids and security_group_ids: pass the training subnet and EFA group")
     if isinstance(spec.train_data, S3TrainingData) and env.data_stage.mode != "s3":
-        raise BtkError(f"environment {env.name!r} uses data_stage.mode=fsx: pass FsxTrainingData")
-    if isinstance(spec.train_data, FsxTrainingData) and env.data_stage.mode != "fsx":
+        raise BtkError(f"environment {env.name!r} uses data_stage.mode=fsx: pass FileSystemLocation")
+    if isinstance(spec.train_data, FileSystemLocation) and env.data_stage.mode != "fsx":
         raise BtkError(f"environment {env.name!r} uses data_stage.mode=s3: pass S3TrainingData")
     plan = spec.training_plan_arn
     if plan and not _is_token(plan) and ":training-plan/" not in plan:
@@ -312,13 +292,10 @@ class _Builder:
                 default_bucket="btk-unused-default-bucket",
                 sagemaker_config=_SDK_CONFIG,
             )
-        runtime = env.max_runtime_hours * 3600
         self.instance_count = ParameterInteger(name=PARAM_INSTANCE_COUNT, default_value=env.instance_count)
         self.training_plan_arn = ParameterString(name=PARAM_TRAINING_PLAN_ARN, default_value=spec.training_plan_arn)
-        self.max_runtime = ParameterInteger(name=PARAM_MAX_RUNTIME_SECONDS, default_value=runtime)
-        self.max_wait = ParameterInteger(
-            name=PARAM_MAX_WAIT_SECONDS, default_value=SPOT_WAIT_FACTOR * runtime
-        )
+        self.max_runtime = ParameterInteger(name=PARAM_MAX_RUNTIME_SECONDS, default_value=env.max_runtime_seconds)
+        self.max_wait = ParameterInteger(name=PARAM_MAX_WAIT_SECONDS, default_value=env.max_wait_seconds)
         hyperparameters = training_hyperparameters(
             spec.profile, spec.knobs, planned_data_parallel=planned_data_parallel(env, spec.knobs)
         )
@@ -409,7 +386,7 @@ class _Builder:
         if on_plan:
             compute["training_plan_arn"] = self.training_plan_arn
 
-        if isinstance(spec.train_data, FsxTrainingData):
+        if isinstance(spec.train_data, FileSystemLocation):
             source = DataSource(
                 file_system_data_source=FileSystemDataSource(
                     file_system_id=spec.train_data.file_system_id,
@@ -430,7 +407,7 @@ class _Builder:
             input_mode = "FastFile"
         channel = Channel(channel_name=TRAIN_CHANNEL, data_source=source, input_mode=input_mode)
 
-        stopping = {"max_runtime_in_seconds": env.max_runtime_hours * 3600}
+        stopping = {"max_runtime_in_seconds": env.max_runtime_seconds}
         if spot:
             stopping["max_wait_time_in_seconds"] = self.max_wait.default_value
         checkpoint_uri = Join(
@@ -480,8 +457,8 @@ class _Builder:
             volume_size_in_gb=prep.volume_size_gb,
             volume_kms_key=spec.kms_key_arn,
             output_kms_key=spec.kms_key_arn,
-            max_runtime_in_seconds=env.max_runtime_hours * 3600,
-            base_job_name=f"{self.job_prefix}-tok"[:40],
+            max_runtime_in_seconds=env.max_runtime_seconds,
+            base_job_name=_tokenize_job_name(self.job_prefix),
             sagemaker_session=self.session,
             tags=[{"Key": key, "Value": value} for key, value in job_tags(spec).items()],
             network_config=NetworkConfig(
@@ -520,6 +497,11 @@ class _Builder:
         return ProcessingStep(name=STEP_TOKENIZE, step_args=step_args)
 
 
+def _tokenize_job_name(job_prefix: str) -> str:
+    """The tokenize job's name prefix: the profile's, marked ``-tok``, within the same length limit."""
+    return f"{job_prefix}-tok"[:JOB_NAME_PREFIX_MAX]
+
+
 def _iter_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every step, including those nested in condition steps."""
     found: list[dict[str, Any]] = []
@@ -543,4 +525,4 @@ def _fill_sdk_gaps(definition: dict[str, Any], spec: PipelineSpec, job_prefix: s
             if arguments.get("EnableManagedSpotTraining"):
                 stopping["MaxWaitTimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
         elif step["Type"] == "Processing":
-            arguments["ProcessingJobName"] = f"{job_prefix}-tok"[:40]
+            arguments["ProcessingJobName"] = _tokenize_job_name(job_prefix)

@@ -4,27 +4,33 @@ from __future__ import annotations
 
 from aws_cdk import aws_logs as logs
 
-RETENTION_DAYS: dict[int, logs.RetentionDays] = {
-    1: logs.RetentionDays.ONE_DAY,
-    3: logs.RetentionDays.THREE_DAYS,
-    5: logs.RetentionDays.FIVE_DAYS,
-    7: logs.RetentionDays.ONE_WEEK,
-    14: logs.RetentionDays.TWO_WEEKS,
-    30: logs.RetentionDays.ONE_MONTH,
-    60: logs.RetentionDays.TWO_MONTHS,
-    90: logs.RetentionDays.THREE_MONTHS,
-    120: logs.RetentionDays.FOUR_MONTHS,
-    150: logs.RetentionDays.FIVE_MONTHS,
-    180: logs.RetentionDays.SIX_MONTHS,
-    365: logs.RetentionDays.ONE_YEAR,
-    400: logs.RetentionDays.THIRTEEN_MONTHS,
-    545: logs.RetentionDays.EIGHTEEN_MONTHS,
-    731: logs.RetentionDays.TWO_YEARS,
-    1096: logs.RetentionDays.THREE_YEARS,
-    1827: logs.RetentionDays.FIVE_YEARS,
-    2192: logs.RetentionDays.SIX_YEARS,
-    2557: logs.RetentionDays.SEVEN_YEARS,
-    2922: logs.RetentionDays.EIGHT_YEARS,
-    3288: logs.RetentionDays.NINE_YEARS,
-    3653: logs.RetentionDays.TEN_YEARS,
-}
+from btk.environment import LOG_RETENTION_DAYS
+
+#: The enum members in the order of ``LOG_RETENTION_DAYS`` (the CDK names them, not their days).
+_MEMBERS = (
+    logs.RetentionDays.ONE_DAY,
+    logs.RetentionDays.THREE_DAYS,
+    logs.RetentionDays.FIVE_DAYS,
+    logs.RetentionDays.ONE_WEEK,
+    logs.RetentionDays.TWO_WEEKS,
+    logs.RetentionDays.ONE_MONTH,
+    logs.RetentionDays.TWO_MONTHS,
+    logs.RetentionDays.THREE_MONTHS,
+    logs.RetentionDays.FOUR_MONTHS,
+    logs.RetentionDays.FIVE_MONTHS,
+    logs.RetentionDays.SIX_MONTHS,
+    logs.RetentionDays.ONE_YEAR,
+    logs.RetentionDays.THIRTEEN_MONTHS,
+    logs.RetentionDays.EIGHTEEN_MONTHS,
+    logs.RetentionDays.TWO_YEARS,
+    logs.RetentionDays.THREE_YEARS,
+    logs.RetentionDays.FIVE_YEARS,
+    logs.RetentionDays.SIX_YEARS,
+    logs.RetentionDays.SEVEN_YEARS,
+    logs.RetentionDays.EIGHT_YEARS,
+    logs.RetentionDays.NINE_YEARS,
+    logs.RetentionDays.TEN_YEARS,
+)
+
+#: Every retention the environment accepts, keyed by days (``strict``: the two lists cannot drift apart).
+RETENTION_DAYS: dict[int, logs.RetentionDays] = dict(zip(LOG_RETENTION_DAYS, _MEMBERS, strict=True))

@@ -9,6 +9,7 @@ image for linux/amd64 and pushes it to the bootstrap ECR repository.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import IgnoreMode
@@ -37,37 +38,45 @@ EXCLUDE = (
 )
 
 
-class TrainingImage(Construct):
-    """A ``DockerImageAsset`` for linux/amd64.
+@dataclass(frozen=True)
+class TrainingImageProps:
+    """Props of :class:`TrainingImage`.
 
     :param directory: the build context. Default: the repository root.
     :param dockerfile: the Dockerfile inside ``directory``. Default: ``containers/Dockerfile``.
+    """
+
+    directory: Path = DEFAULT_CONTEXT
+    dockerfile: str = DEFAULT_DOCKERFILE
+
+
+class TrainingImage(Construct):
+    """A ``DockerImageAsset`` for linux/amd64.
 
     Attributes: ``asset``, ``image_uri``, ``repository``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        directory: Path = DEFAULT_CONTEXT,
-        dockerfile: str = DEFAULT_DOCKERFILE,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingImageProps | None = None) -> None:
         super().__init__(scope, construct_id)
-        if not (directory / dockerfile).is_file():
-            raise ValueError(f"training image: no {dockerfile} in {directory}: add one (see containers/)")
+        props = props or TrainingImageProps()
+        self._validate_props(props)
         self.asset = ecr_assets.DockerImageAsset(
             self,
             "Asset",
-            directory=str(directory),
-            file=dockerfile,
+            directory=str(props.directory),
+            file=props.dockerfile,
             platform=ecr_assets.Platform.LINUX_AMD64,
             exclude=list(EXCLUDE),
             ignore_mode=IgnoreMode.DOCKER,
         )
         self.image_uri: str = self.asset.image_uri
         self.repository = self.asset.repository
+
+    def _validate_props(self, props: TrainingImageProps) -> None:
+        if not (props.directory / props.dockerfile).is_file():
+            raise ValueError(
+                f"{self.node.path}: dockerfile: no {props.dockerfile} in {props.directory}: add one (see containers/)"
+            )
 
     def grant_pull(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` pull this image (ecr:GetAuthorizationToken is account-wide)."""

@@ -17,6 +17,7 @@ training-plan rules shared with ``btk capacity``.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from aws_cdk import (
     DockerImage,
     Duration,
     ILocalBundling,
-    RemovalPolicy,
     Stack,
     Token,
 )
@@ -43,6 +43,7 @@ from constructs import Construct
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
 from training_constructs.nag import acknowledge, acknowledge_wildcard_resources, finding_token
+from training_constructs.removal import data_removal_policy
 from training_constructs.retention import RETENTION_DAYS
 
 HANDLER_DIR = Path(__file__).parent / "lambda" / "training_plan"
@@ -51,13 +52,16 @@ CAPACITY_MODULE = Path(capacity.__file__)
 HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: Lambda's hard limit; the handler keeps a margin to answer CloudFormation.
 HANDLER_TIMEOUT = Duration.minutes(15)
+#: Describing a plan: all the handler does in ``existing`` mode.
+DESCRIBE_PLAN_ACTION = "sagemaker:DescribeTrainingPlan"
+#: Finding offerings and this account's plans: these act on no resource and accept only ``*``.
+PLAN_LOOKUP_ACTIONS = ("sagemaker:SearchTrainingPlanOfferings", "sagemaker:ListTrainingPlans")
+#: Buying and describing one plan: limited to this environment's plan names.
+OWN_PLAN_ACTIONS = ("sagemaker:CreateTrainingPlan", DESCRIBE_PLAN_ACTION)
 #: The only SageMaker actions the handler may call.
-PLAN_ACTIONS = (
-    "sagemaker:SearchTrainingPlanOfferings",
-    "sagemaker:CreateTrainingPlan",
-    "sagemaker:DescribeTrainingPlan",
-    "sagemaker:ListTrainingPlans",
-)
+PLAN_ACTIONS = (*PLAN_LOOKUP_ACTIONS, *OWN_PLAN_ACTIONS)
+#: How long Create waits for a bought plan to become Scheduled/Active, unless the props say otherwise.
+DEFAULT_WAIT_TIMEOUT = Duration.minutes(10)
 
 
 @jsii.implements(ILocalBundling)
@@ -142,44 +146,42 @@ def _depend_on_policy_only(function: Any, role: iam.Role) -> None:
         function.node.default_child.add_override("DependsOn", [stack.get_logical_id(resource)])
 
 
-class TrainingPlanReservation(Construct):
-    """The environment's training plan: none, a verified existing one, or one bought once.
+@dataclass(frozen=True)
+class TrainingPlanReservationProps:
+    """Props of :class:`TrainingPlanReservation`.
 
-    :param env_config: the environment; its ``capacity`` picks the mode.
-    :param availability_zone: the AZ of the network/file system this plan must serve.
-        Default: ``env_config.availability_zone``; a different value fails synth.
-    :param wait_timeout: how long Create waits for a bought plan to become Scheduled/Active
-        (at most the 15-minute Lambda limit less a margin). Default: 10 minutes.
+    :param environment: the environment; its ``capacity`` picks the mode.
     :param log_key: KMS key of the handler's and the provider's log groups (required: logs are
         encrypted at rest with a customer key). Its policy must let
-        ``logs.<region>.amazonaws.com`` use it for this account's log groups, as the stack's data
-        key (``create_data_key``) does.
-    :param log_retention: retention of the handler's logs. Default: ``env_config.log_retention_days``.
+        ``logs.<region>.amazonaws.com`` use it for this account's log groups, as the stack's
+        :class:`~training_constructs.data_stage.DataKey` does.
+    :param availability_zone: the AZ of the network/file system this plan must serve.
+        Default: None, i.e. ``environment.availability_zone``; a different value fails synth.
+    :param wait_timeout: how long Create waits for a bought plan to become Scheduled/Active
+        (at most the 15-minute Lambda limit less a margin). Default: None, i.e. 10 minutes.
+    :param log_retention: retention of the handler's logs. Default: None, i.e.
+        ``environment.log_retention_days``.
+    """
+
+    environment: EnvironmentConfig
+    log_key: kms.IKey
+    availability_zone: str | None = None
+    wait_timeout: Duration | None = None
+    log_retention: logs.RetentionDays | None = None
+
+
+class TrainingPlanReservation(Construct):
+    """The environment's training plan: none, a verified existing one, or one bought once.
 
     Attributes: ``plan_arn`` (None for on_demand; a token for reserve), ``plan_name`` (the
     deterministic name in reserve mode), ``handler`` / ``custom_resource`` (None for on_demand).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        construct_id: str,
-        *,
-        env_config: EnvironmentConfig,
-        log_key: kms.IKey,
-        availability_zone: str | None = None,
-        wait_timeout: Duration | None = None,
-        log_retention: logs.RetentionDays | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingPlanReservationProps) -> None:
         super().__init__(scope, construct_id)
-        try:
-            check_capacity(env_config, availability_zone)
-        except ValueError as error:
-            raise ValueError(f"{self.node.path}: {error}") from None
+        self._validate_props(props)
+        env_config, log_key = props.environment, props.log_key
         stack = Stack.of(self)
-        if not Token.is_unresolved(stack.region) and stack.region != env_config.region:
-            raise ValueError(f"{self.node.path}: stack region {stack.region} is not region {env_config.region}")
-
         self.env_config = env_config
         self.mode = env_config.capacity.mode
         self.plan_arn: str | None = None
@@ -189,11 +191,9 @@ class TrainingPlanReservation(Construct):
         if self.mode == "on_demand":
             return
 
-        wait = wait_timeout or Duration.minutes(10)
-        if wait.to_seconds() > HANDLER_TIMEOUT.to_seconds() - 60:
-            raise ValueError(f"{self.node.path}: wait_timeout must be at most 14 minutes (Lambda limit 15)")
-        retention = log_retention or RETENTION_DAYS[env_config.log_retention_days]
-        removal = RemovalPolicy.RETAIN if env_config.retain_data else RemovalPolicy.DESTROY
+        wait = props.wait_timeout or DEFAULT_WAIT_TIMEOUT
+        retention = props.log_retention or RETENTION_DAYS[env_config.log_retention_days]
+        removal = data_removal_policy(env_config.retain_data)
 
         properties: dict[str, str] = {
             "Mode": self.mode,
@@ -236,23 +236,17 @@ class TrainingPlanReservation(Construct):
         handler_logs.grant_write(role)
         if self.mode == "reserve":
             role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="SearchAndListPlans",
-                    actions=["sagemaker:SearchTrainingPlanOfferings", "sagemaker:ListTrainingPlans"],
-                    resources=["*"],
-                )
+                iam.PolicyStatement(sid="SearchAndListPlans", actions=list(PLAN_LOOKUP_ACTIONS), resources=["*"])
             )
             role.add_to_policy(
                 iam.PolicyStatement(
-                    sid="BuyAndDescribeOwnPlans",
-                    actions=["sagemaker:CreateTrainingPlan", "sagemaker:DescribeTrainingPlan"],
-                    resources=plan_resources,
+                    sid="BuyAndDescribeOwnPlans", actions=list(OWN_PLAN_ACTIONS), resources=plan_resources
                 )
             )
         else:
             role.add_to_policy(
                 iam.PolicyStatement(
-                    sid="DescribeConfiguredPlan", actions=["sagemaker:DescribeTrainingPlan"], resources=plan_resources
+                    sid="DescribeConfiguredPlan", actions=[DESCRIBE_PLAN_ACTION], resources=plan_resources
                 )
             )
 
@@ -301,12 +295,26 @@ class TrainingPlanReservation(Construct):
         _depend_on_policy_only(self.handler, role)
         _depend_on_policy_only(framework, framework_role)
 
+    def _validate_props(self, props: TrainingPlanReservationProps) -> None:
+        """Synth-time checks (capacity, region, wait), each failing with one line naming the prop."""
+        env_config = props.environment
+        try:
+            check_capacity(env_config, props.availability_zone)
+        except ValueError as error:
+            raise ValueError(f"{self.node.path}: {error}") from None
+        stack = Stack.of(self)
+        if not Token.is_unresolved(stack.region) and stack.region != env_config.region:
+            raise ValueError(f"{self.node.path}: stack region {stack.region} is not region {env_config.region}")
+        wait = props.wait_timeout or DEFAULT_WAIT_TIMEOUT
+        if env_config.capacity.mode != "on_demand" and wait.to_seconds() > HANDLER_TIMEOUT.to_seconds() - 60:
+            raise ValueError(f"{self.node.path}: wait_timeout must be at most 14 minutes (Lambda limit 15)")
+
     def grant_describe(self, grantee: iam.IGrantable) -> iam.Grant | None:
         """Let ``grantee`` describe this plan (None for on_demand: there is no plan)."""
         if self.plan_arn is None:
             return None
         return iam.Grant.add_to_principal(
-            grantee=grantee, actions=["sagemaker:DescribeTrainingPlan"], resource_arns=[self.plan_arn]
+            grantee=grantee, actions=[DESCRIBE_PLAN_ACTION], resource_arns=[self.plan_arn]
         )
 
     def _acknowledge(self, role: iam.Role, framework_role: iam.Role) -> None:

@@ -2,7 +2,9 @@
 
 Each sub-command lives in its own module exposing ``register(subparsers)``; handlers
 return an exit code. Heavy imports (boto3, matplotlib) happen inside handlers so that
-``btk plan`` stays fast. Every user error is one line on stderr and exit code 2.
+``btk plan`` stays fast. Every user error is one line on stderr and exit code 2. Every
+command that prints results takes the same ``--format`` flag (:mod:`btk.cli.output`) and
+prints its tables with :mod:`btk.table`.
 """
 
 from __future__ import annotations

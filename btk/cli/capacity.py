@@ -7,18 +7,18 @@ stays fast. The SageMaker client comes from ``btk.capacity.sagemaker_client(regi
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
+from btk.table import Column, Table
 
 if TYPE_CHECKING:
     from btk.capacity import Offering, ReservationRequest, TrainingPlan
     from btk.environment import EnvironmentConfig
 
 DEFAULT_DURATION_HOURS = 7 * 24
-MAX_DURATION_HOURS = 182 * 24
 
 
 def register(subparsers: Any) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
     search.add_argument("--end-before", help="ISO-8601 time; default: the reserve window's, else none")
     search.add_argument("--duration-hours", type=int, help=f"whole days in hours; default {DEFAULT_DURATION_HOURS}")
     search.add_argument("--instance-count", type=int, help="instances; default: the reserve count, else the env's")
-    search.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_argument(search)
     search.set_defaults(handler=_search)
 
     show = commands.add_parser(
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
         help="the environment's plan: on-demand, existing ARN or reserve name (exit 1: the existing plan does not fit)",
     )
     show.add_argument("--env", required=True, help="environment name (environments.py)")
-    show.add_argument("--format", choices=("table", "json"), default="table")
+    add_format_argument(show)
     show.set_defaults(handler=_show)
 
 
@@ -62,25 +62,22 @@ def _search(args: argparse.Namespace) -> int:
         raise BtkError(str(error)) from None
 
     rows = [_offering_row(offering, env, tokens_per_second_per_gpu, gpus) for offering in offerings]
-    if args.format == "json":
-        print(
-            json.dumps(
-                {
-                    "environment": env.name,
-                    "profile": profile,
-                    "instance_type": request.instance_type,
-                    "instance_count": request.instance_count,
-                    "start_after": capacity.iso(request.start_after),
-                    "end_before": capacity.iso(request.end_before) if request.end_before else None,
-                    "duration_hours": request.duration_hours,
-                    "availability_zone": env.availability_zone,
-                    "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
-                    "gpus": gpus,
-                    "offerings": rows,
-                },
-                indent=2,
-                sort_keys=True,
-            )
+    if args.output_format == JSON:
+        print_json(
+            {
+                "environment": env.name,
+                "profile": profile,
+                "instance_type": request.instance_type,
+                "instance_count": request.instance_count,
+                "start_after": capacity.iso(request.start_after),
+                "end_before": capacity.iso(request.end_before) if request.end_before else None,
+                "duration_hours": request.duration_hours,
+                "availability_zone": env.availability_zone,
+                "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
+                "gpus": gpus,
+                "offerings": rows,
+            },
+            sort_keys=True,
         )
         return 0
     window = f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h after " + (
@@ -91,13 +88,18 @@ def _search(args: argparse.Namespace) -> int:
     if not rows:
         print("no offerings: widen the window (--start-after/--end-before) or change --duration-hours")
         return 0
-    _print_table(rows)
+    print("\n".join(OFFERINGS_TABLE.text(rows)))
     return 0
 
 
 def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> ReservationRequest:
     from btk import capacity
-    from btk.environment import TRAINING_PLAN_INSTANCE_COUNTS, ReservePlanCapacity
+    from btk.environment import (
+        TRAINING_PLAN_INSTANCE_COUNTS,
+        TRAINING_PLAN_MAX_HOURS,
+        ReservePlanCapacity,
+        is_sellable_plan_duration,
+    )
 
     if env.instance_type not in capacity.plan_instance_types():
         raise BtkError(f"environment {env.name}: instance_type {env.instance_type} is not sold as a training plan")
@@ -121,8 +123,8 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
         count = args.instance_count
     else:
         count = reserve.instance_count if reserve else env.instance_count
-    if args.duration_hours is not None and (duration % 24 or not 24 <= duration <= MAX_DURATION_HOURS):
-        raise BtkError(f"--duration-hours {duration}: use whole days, 24 to {MAX_DURATION_HOURS} hours")
+    if args.duration_hours is not None and not is_sellable_plan_duration(duration):
+        raise BtkError(f"--duration-hours {duration}: use whole days, 24 to {TRAINING_PLAN_MAX_HOURS} hours")
     if args.instance_count is not None and count not in TRAINING_PLAN_INSTANCE_COUNTS:
         allowed = ", ".join(map(str, TRAINING_PLAN_INSTANCE_COUNTS))
         raise BtkError(f"--instance-count {count} is not sold: use one of {allowed}")
@@ -151,21 +153,10 @@ def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[
     return profile.name, float(plan.evaluation.estimate.tokens_per_second_per_gpu), nodes * instance.gpus_per_node
 
 
-def fee_per_billion_tokens(
-    fee: float | None, tokens_per_second_per_gpu: float, gpus: int, hours: float
-) -> float | None:
-    """Up-front fee divided by the billions of tokens the plan trains at the planner's speed."""
-    billions = tokens_billion(tokens_per_second_per_gpu, gpus, hours)
-    if fee is None or billions <= 0:
-        return None
-    return fee / billions
-
-
-def tokens_billion(tokens_per_second_per_gpu: float, gpus: int, hours: float) -> float:
-    return tokens_per_second_per_gpu * gpus * hours * 3600 / 1e9
-
-
 def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:
+    """The offering's JSON plus whether it is in the environment's AZ and its tokens and fee per billion."""
+    from btk.planner.cost import fee_per_billion_tokens, tokens_billion
+
     row = offering.to_json()
     row["in_environment_az"] = offering.in_zone(env.availability_zone)
     row["tokens_billion"] = round(tokens_billion(tokens_per_second, gpus, offering.duration_hours), 3)
@@ -174,30 +165,31 @@ def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second:
     return row
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("offering", "upfront fee", "cur", "start", "end", "AZ", "inst", "hours", "B tokens", "fee/B tok")
-    lines = [header]
-    for row in rows:
-        fee = row["upfront_fee"]
-        per_billion = row["fee_per_billion_tokens"]
-        zones = "+".join(row["availability_zones"]) or "?"
-        lines.append(
-            (
-                row["offering_id"],
-                f"{fee:,.2f}" if fee is not None else "?",
-                row["currency"] or "?",
-                _short(row["start_time"]),
-                _short(row["end_time"]),
-                zones if row["in_environment_az"] else f"{zones} (other AZ)",
-                str(row["instance_count"]),
-                f"{row['duration_hours']:g}",
-                f"{row['tokens_billion']:,.1f}",
-                f"{per_billion:,.2f}" if per_billion is not None else "?",
-            )
-        )
-    widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
-    for line in lines:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+def _fee(value: float | None) -> str:
+    return f"{value:,.2f}" if value is not None else "?"
+
+
+def _zones(row: dict[str, Any]) -> str:
+    zones = "+".join(row["availability_zones"]) or "?"
+    return zones if row["in_environment_az"] else f"{zones} (other AZ)"
+
+
+OFFERINGS_TABLE: Table[dict[str, Any]] = Table(
+    [
+        Column("offering", lambda row: row["offering_id"]),
+        Column("upfront fee", lambda row: _fee(row["upfront_fee"])),
+        Column("cur", lambda row: row["currency"] or "?"),
+        Column("start", lambda row: _short(row["start_time"])),
+        Column("end", lambda row: _short(row["end_time"])),
+        Column("AZ", _zones),
+        Column("inst", lambda row: str(row["instance_count"])),
+        Column("hours", lambda row: f"{row['duration_hours']:g}"),
+        Column("B tokens", lambda row: f"{row['tokens_billion']:,.1f}"),
+        Column("fee/B tok", lambda row: _fee(row["fee_per_billion_tokens"])),
+    ],
+    rule="none",
+)
+"""One line per offering, every column left-aligned (the rows of ``btk capacity search --format json``)."""
 
 
 def _short(value: str | None) -> str:
@@ -265,7 +257,7 @@ def _show(args: argparse.Namespace) -> int:
             lines.append(f"other plan of {env.name} (earlier reservation inputs): {other.name} {other.status}")
     else:
         lines.append(f"{env.name}: capacity on_demand: no training plan; jobs run on on-demand capacity")
-    _emit(args.format, result, lines)
+    _emit(args.output_format, result, lines)
     # An existing plan that does not fit would fail the deploy: say so in the exit status too.
     return 1 if result.get("problems") else 0
 
@@ -305,8 +297,8 @@ def _list(env: EnvironmentConfig, prefix: str) -> list[TrainingPlan]:
 
 
 def _emit(output_format: str, result: dict[str, Any], lines: list[str]) -> None:
-    if output_format == "json":
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    if output_format == JSON:
+        print_json(result, sort_keys=True)
     else:
         print("\n".join(lines))
 

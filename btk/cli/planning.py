@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
+from btk.table import Column, Table
+
+if TYPE_CHECKING:
+    from btk.profile import ModelProfile
 
 
 def register(subparsers: Any) -> None:
     profiles = subparsers.add_parser("profiles", help="the profile catalog as a table")
-    profiles.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_argument(profiles)
     profiles.set_defaults(handler=cmd_profiles)
 
     plan = subparsers.add_parser("plan", help="choose the knobs for a profile (or every profile of --env)")
@@ -19,7 +23,7 @@ def register(subparsers: Any) -> None:
     plan.add_argument("--env", help="plan every profile of this environment on its instance type and count")
     plan.add_argument("--instance", default=None, help="instance type (default ml.p6-b200.48xlarge)")
     plan.add_argument("--nodes", type=_positive_int, default=None, help="number of instances (default 1)")
-    plan.add_argument("--json", action="store_true", help="print the documented JSON object")
+    add_format_argument(plan)
     plan.add_argument("--plot", metavar="FILE.png", help="draw memory and throughput of the top candidates")
     plan.set_defaults(handler=cmd_plan)
 
@@ -35,7 +39,7 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="a knob value, e.g. --set precision=fp8_tensorwise (repeatable)",
     )
-    estimate.add_argument("--json", action="store_true")
+    add_format_argument(estimate)
     estimate.set_defaults(handler=cmd_estimate)
 
     compare = subparsers.add_parser("compare", help="best knobs, speed and cost of a profile on several instance types")
@@ -46,7 +50,7 @@ def register(subparsers: Any) -> None:
         help="comma-separated instance types",
     )
     compare.add_argument("--nodes", type=_positive_int, default=1)
-    compare.add_argument("--json", action="store_true")
+    add_format_argument(compare)
     compare.set_defaults(handler=cmd_compare)
 
 
@@ -60,28 +64,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
+PROFILES_TABLE: Table[ModelProfile] = Table(
+    [
+        Column("profile", lambda p: p.name, "left", 14),
+        Column("family", lambda p: p.family, "left", 7),
+        Column("params", lambda p: f"{p.parameter_count / 1e9:.2f}B", "right", 8),
+        Column("layers", lambda p: str(p.architecture.num_layers), "right", 6),
+        Column("hidden", lambda p: str(p.architecture.hidden_size), "right", 6),
+        Column("heads", lambda p: str(p.architecture.num_attention_heads), "right", 5),
+        Column("kv", lambda p: str(p.architecture.num_kv_heads), "right", 3),
+        Column("ffn", lambda p: str(p.architecture.ffn_hidden_size), "right", 6),
+        Column("vocab", lambda p: str(p.architecture.vocab_size), "right", 7),
+        Column("tied", lambda p: "yes" if p.architecture.tied_embeddings else "no", "right", 4),
+        Column("seq", lambda p: str(p.training.seq_len), "right", 6),
+        Column("batch tok", lambda p: f"{p.training.global_batch_tokens:,}", "right", 10),
+    ],
+    gap=" ",
+    rule="header",
+)
+"""``btk profiles``: one line per profile of the catalog."""
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
     from btk.catalog import all_profiles
 
     profiles = list(all_profiles().values())
-    if args.json:
-        print(
-            json.dumps([p.model_dump(mode="json") | {"parameter_count": p.parameter_count} for p in profiles], indent=2)
-        )
+    if args.output_format == JSON:
+        print_json([p.model_dump(mode="json") | {"parameter_count": p.parameter_count} for p in profiles])
         return 0
-    header = (
-        f"{'profile':<14} {'family':<7} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} "
-        f"{'ffn':>6} {'vocab':>7} {'tied':>4} {'seq':>6} {'batch tok':>10}"
-    )
-    print(header)
-    print("-" * len(header))
-    for p in profiles:
-        a = p.architecture
-        print(
-            f"{p.name:<14} {p.family:<7} {p.parameter_count / 1e9:7.2f}B {a.num_layers:>6} {a.hidden_size:>6} "
-            f"{a.num_attention_heads:>5} {a.num_kv_heads:>3} {a.ffn_hidden_size:>6} {a.vocab_size:>7} "
-            f"{'yes' if a.tied_embeddings else 'no':>4} {p.training.seq_len:>6} {p.training.global_batch_tokens:>10,}"
-        )
+    print("\n".join(PROFILES_TABLE.text(profiles)))
     return 0
 
 
@@ -109,9 +120,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from btk.planner.plot import plot_plan
 
         plot_plan(plans[0], args.plot)
-    if args.json:
-        output: Any = plans[0].to_json() if args.profile else [plan.to_json() for plan in plans]
-        print(json.dumps(output, indent=2))
+    if args.output_format == JSON:
+        print_json(plans[0].to_json() if args.profile else [plan.to_json() for plan in plans])
         return 0
     from btk.planner.render import render_plan
 
@@ -153,12 +163,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     values.update(parse_settings(args.settings))
     knobs = parse_knobs(values)
     evaluation = evaluate_knobs(profile, instance, args.nodes, knobs)
-    if args.json:
-        print(
-            json.dumps(
-                {"profile": profile.name, "instance_type": instance.name, "nodes": args.nodes, **evaluation.as_json()},
-                indent=2,
-            )
+    if args.output_format == JSON:
+        print_json(
+            {"profile": profile.name, "instance_type": instance.name, "nodes": args.nodes, **evaluation.as_json()}
         )
     else:
         print(f"{profile.name} on {args.nodes} x {instance.name}")
@@ -174,49 +181,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
-    from btk.errors import InfeasiblePlanError
     from btk.hardware import get_instance_type
-    from btk.planner.search import longest_sequence_one_node, plan_profile
+    from btk.planner.compare import compare_instances
 
     profile = get_profile(args.profile)
     names = [name.strip() for name in args.instances.split(",") if name.strip()]
     if not names:
         raise BtkError("--instances is empty: give e.g. ml.p5.48xlarge,ml.p6-b200.48xlarge")
-    instances = [get_instance_type(name) for name in names]
-    rows = []
-    for instance in instances:
-        longest = longest_sequence_one_node(profile, instance)
-        try:
-            plan = plan_profile(profile, instance, args.nodes)
-        except InfeasiblePlanError as error:
-            rows.append(
-                {
-                    "instance_type": instance.name,
-                    "fits": False,
-                    "reason": str(error),
-                    "longest_seq_len_one_node": longest,
-                }
-            )
-            continue
-        rows.append(
-            {
-                "instance_type": instance.name,
-                "fits": True,
-                "knobs": plan.knobs.model_dump(),
-                "tokens_per_second_per_gpu": round(plan.evaluation.estimate.tokens_per_second_per_gpu, 1),
-                "tokens_per_second_per_node": round(
-                    plan.evaluation.estimate.tokens_per_second_per_gpu * instance.gpus_per_node, 1
-                ),
-                "mfu": round(plan.evaluation.estimate.mfu, 4),
-                "usd_per_billion_tokens": round(plan.evaluation.estimate.usd_per_billion_tokens, 2),
-                "memory_gib": round(plan.evaluation.memory.total, 1),
-                "longest_seq_len_one_node": longest,
-            }
-        )
-    if args.json:
-        print(json.dumps({"profile": profile.name, "nodes": args.nodes, "instances": rows}, indent=2))
+    comparisons = compare_instances(profile, [get_instance_type(name) for name in names], args.nodes)
+    if args.output_format == JSON:
+        print_json({"profile": profile.name, "nodes": args.nodes, "instances": [row.to_json() for row in comparisons]})
         return 0
     from btk.planner.render import render_compare
 
-    print(render_compare(profile.name, args.nodes, rows))
+    print(render_compare(profile.name, args.nodes, comparisons))
     return 0

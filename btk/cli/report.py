@@ -1,4 +1,4 @@
-"""``btk report``: experiment economics (issue 8).
+"""``btk report``: experiment economics.
 
 Reads the environment's training jobs from SageMaker and prints, per profile and overall:
 runs, failure rate and causes, capacity wait, billable GPU-hours, cost and cost per
@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from btk.cli.output import JSON, MARKDOWN, TABLE, add_format_argument
 from btk.errors import BtkError
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--env", help="environment name from environments.py (required)")
     parser.add_argument("--profile", help="only this profile (default: every profile of the environment)")
     parser.add_argument("--since", default="30d", help="window: a duration (30d, 12h, 2w) or a date (default 30d)")
-    parser.add_argument("--format", choices=("table", "markdown", "json"), default="table", dest="output_format")
+    add_format_argument(parser, (TABLE, MARKDOWN, JSON))
     parser.add_argument("--plot", type=Path, metavar="DIR", help="also write PNG charts into DIR")
     parser.add_argument("--json-schema", action="store_true", help="print the JSON schema of --format json and exit")
     parser.set_defaults(handler=_handle)

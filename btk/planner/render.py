@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
 
+from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.search import Evaluation, Plan
+from btk.table import Column, Table
 
 MEMORY_ROWS = ("parameters", "gradients", "optimizer", "activations", "logits", "other", "total", "capacity")
 
@@ -55,21 +57,40 @@ def render_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def render_compare(profile: str, nodes: int, rows: list[dict[str, Any]]) -> str:
+def _compare_knobs(comparison: InstanceComparison) -> str:
+    if comparison.planned is None:
+        return ""
+    k = comparison.planned.knobs
+    return f"mb={k.micro_batch_size} {k.precision} ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel}"
+
+
+def _planned_cell(text: Callable[[PlannedFigures], str], missing: str = "") -> Callable[[InstanceComparison], str]:
+    """A cell from the planned figures, or ``missing`` where no knob set fits."""
+    return lambda comparison: missing if comparison.planned is None else text(comparison.planned)
+
+
+def _longest(comparison: InstanceComparison) -> str:
+    return f"{comparison.longest_seq_len_one_node:,}" if comparison.longest_seq_len_one_node else "does not fit"
+
+
+COMPARE_TABLE: Table[InstanceComparison] = Table(
+    [
+        Column("instance type", lambda c: c.instance_type, "left", 22),
+        Column(
+            "tok/s/GPU", _planned_cell(lambda p: f"{p.tokens_per_second_per_gpu:,.0f}", "does not fit"), "right", 10
+        ),
+        Column("tok/s/node", _planned_cell(lambda p: f"{p.tokens_per_second_per_node:,.0f}"), "right", 11),
+        Column("MFU", _planned_cell(lambda p: f"{p.mfu:.1%}"), "right", 6),
+        Column("$/B tokens", _planned_cell(lambda p: f"{p.usd_per_billion_tokens:,.0f}"), "right", 11),
+        Column("GiB", _planned_cell(lambda p: f"{p.memory_gib:.1f}"), "right", 6),
+        Column("longest seq (1 node, TP 1)", _longest, "right", 27),
+        Column("knobs", _compare_knobs, gap="  "),
+    ],
+    gap=" ",
+    rule="header",
+)
+
+
+def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> str:
     lines = [f"{profile} on {nodes} node(s) of each instance type", ""]
-    header = f"{'instance type':<22} {'tok/s/GPU':>10} {'tok/s/node':>11} {'MFU':>6} {'$/B tokens':>11} {'GiB':>6} {'longest seq (1 node, TP 1)':>27}  knobs"
-    lines += [header, "-" * len(header)]
-    for row in rows:
-        longest = f"{row['longest_seq_len_one_node']:,}" if row["longest_seq_len_one_node"] else "does not fit"
-        if not row["fits"]:
-            lines.append(
-                f"{row['instance_type']:<22} {'does not fit':>10} {'':>11} {'':>6} {'':>11} {'':>6} {longest:>27}"
-            )
-            continue
-        k = row["knobs"]
-        knobs = f"mb={k['micro_batch_size']} {k['precision']} ac={k['activation_checkpointing']} {k['sharding']} tp={k['tensor_parallel']}"
-        lines.append(
-            f"{row['instance_type']:<22} {row['tokens_per_second_per_gpu']:>10,.0f} {row['tokens_per_second_per_node']:>11,.0f} "
-            f"{row['mfu']:>6.1%} {row['usd_per_billion_tokens']:>11,.0f} {row['memory_gib']:>6.1f} {longest:>27}  {knobs}"
-        )
-    return "\n".join(lines)
+    return "\n".join(lines + COMPARE_TABLE.text(comparisons))

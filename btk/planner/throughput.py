@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
+from btk.planner.cost import tokens_billion
 from btk.planner.memory import parallelism_for
 from btk.profile import ModelArchitecture
 
@@ -166,8 +167,7 @@ def estimate_throughput(arch: ModelArchitecture, knobs: TrainingKnobs, instance:
     flops = model_flops_per_token(arch, knobs.seq_len) * tokens_per_second_per_gpu
     mfu = flops / (instance.gpu.peak_tflops("bf16") * 1e12)
     gpus = par.world_size
-    usd_per_second = instance.usd_per_hour.value * nodes / 3600.0
-    usd_per_billion = usd_per_second / (tokens_per_second_per_gpu * gpus) * 1e9
+    usd_per_billion = instance.usd_per_hour.value * nodes / tokens_billion(tokens_per_second_per_gpu, gpus, 1.0)
     global_tokens = knobs.micro_batch_size * knobs.seq_len * micro_batches * par.data_parallel
     return Estimate(
         tokens_per_second_per_gpu=tokens_per_second_per_gpu,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +54,7 @@ from btk.report.schema import (
     Report,
     RunReport,
 )
+from btk.units import SECONDS_PER_HOUR
 
 WAIT_STATUSES = frozenset({"Starting", "Pending", "LaunchingMLInstances"})
 OUTCOMES: dict[str, Outcome] = {
@@ -88,21 +89,67 @@ class _Plan:
     usd_per_instance_hour: float | None  # None when the fee is not in USD
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Outcome:
+    """How the job ended (or that it has not) and on what capacity it ran."""
+
+    status: str
+    outcome: Outcome
+    resources: list[tuple[str, int]]
+    capacity: CapacityKind
+    plan_arn: str | None
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome != "running"
+
+    @property
+    def instance_count(self) -> int:
+        return sum(count for _, count in self.resources)
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """A run's exact (unrounded) GPU-hours and cost; None where unknown, zero while running."""
+
+    gpu_hours: float | None = None
+    usd: float | None = None
+    spot_savings: float = 0.0
+    plan_instance_hours: float = 0.0
+    """Instance-hours charged to the run's training plan."""
+
+
+@dataclass(frozen=True)
+class _Prediction:
+    """The run's knobs, what it achieved, and what the planner predicted for those knobs."""
+
+    knobs: TrainingKnobs | None = None
+    achieved_tps: float | None = None
+    achieved_mfu: float | None = None
+    achieved_memory: float | None = None
+    predicted_tps: float | None = None
+    predicted_mfu: float | None = None
+    predicted_memory: float | None = None
+    predicted_fits: bool | None = None
+
+    @property
+    def tps_error(self) -> float | None:
+        return _error_pct(self.achieved_tps, self.predicted_tps)
+
+    @property
+    def mfu_error(self) -> float | None:
+        return _error_pct(self.achieved_mfu, self.predicted_mfu)
+
+
+@dataclass(frozen=True)
 class _Run:
-    """A run's exact (unrounded) figures, kept for the group sums."""
+    """A run's report plus its exact (unrounded) figures, kept for the group sums."""
 
     report: RunReport
     wait_seconds: float | None
-    gpu_hours: float | None
-    cost: float | None
-    spot_savings: float
+    cost: _Cost
+    prediction: _Prediction
     plan_arn: str | None
-    plan_instance_hours: float = 0.0
-    predicted_tps: float | None = None
-    predicted_mfu: float | None = None
-    tps_error: float | None = None
-    mfu_error: float | None = None
 
 
 def _unquote(value: str) -> str:
@@ -211,123 +258,143 @@ def _plans(collection: Collection, notes: list[str]) -> dict[str, _Plan]:
     return plans
 
 
-def _run(job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str, _Plan], predictor: Predictor) -> _Run:
-    notes: list[str] = []
-    hyperparameters = {key: _unquote(str(value)) for key, value in job.get("HyperParameters", {}).items()}
+def _outcome_of(job: dict[str, Any]) -> _Outcome:
     status = job.get("TrainingJobStatus", "Unknown")
-    outcome = OUTCOMES.get(status, "running")
-    resources = _resources(job)
-    instance_count = sum(count for _, count in resources)
     plan_arn = job.get("ResourceConfig", {}).get("TrainingPlanArn")
     capacity: CapacityKind = (
         "training_plan" if plan_arn else "spot" if job.get("EnableManagedSpotTraining") else "on_demand"
     )
+    return _Outcome(
+        status=status,
+        outcome=OUTCOMES.get(status, "running"),
+        resources=_resources(job),
+        capacity=capacity,
+        plan_arn=plan_arn,
+    )
+
+
+def _cost_of(job: dict[str, Any], outcome: _Outcome, plans: dict[str, _Plan], notes: list[str]) -> _Cost:
+    """GPU-hours, cost and spot savings of an ended run (see the module docstring)."""
+    if not outcome.ended:
+        notes.append("still running: no cost until it ends")
+        return _Cost()
     training_seconds = job.get("TrainingTimeInSeconds")
     billable_seconds = job.get("BillableTimeInSeconds")
-    ended = outcome != "running"
+    billed = float(billable_seconds if billable_seconds is not None else 0)
+    if outcome.plan_arn and billable_seconds is None and training_seconds is not None:
+        billed = float(training_seconds)
+    gpu_total = cost_total = spot_savings = 0.0
+    priced = True
+    for instance_name, count in outcome.resources:
+        try:
+            instance = get_instance_type(instance_name)
+        except UnknownNameError:
+            notes.append(f"instance type {instance_name} is not in the hardware catalog: no GPU-hours or price")
+            priced = False
+            break
+        gpu_total += billed * count * instance.gpus_per_node / SECONDS_PER_HOUR
+        price = instance.usd_per_hour.value
+        if outcome.capacity == "spot" and training_seconds is not None and training_seconds > billed:
+            spot_savings += price * count * (training_seconds - billed) / SECONDS_PER_HOUR
+        cost_total += price * count * billed / SECONDS_PER_HOUR
+    gpu_hours = gpu_total if priced else None
+    cost = cost_total if priced else None
+    plan_instance_hours = billed * outcome.instance_count / SECONDS_PER_HOUR
+    if outcome.plan_arn:
+        plan = plans.get(outcome.plan_arn)
+        if plan is None or plan.usd_per_instance_hour is None:
+            cost = None
+            notes.append("training plan fee unknown or not in USD: no cost")
+        else:
+            cost = plan.usd_per_instance_hour * plan_instance_hours
+    return _Cost(gpu_hours=gpu_hours, usd=cost, spot_savings=spot_savings, plan_instance_hours=plan_instance_hours)
 
-    gpu_hours: float | None = None
-    cost: float | None = None
-    spot_savings = 0.0
-    plan_instance_hours = 0.0
-    if ended:
-        billed = float(billable_seconds if billable_seconds is not None else 0)
-        if plan_arn and billable_seconds is None and training_seconds is not None:
-            billed = float(training_seconds)
-        gpu_hours = 0.0
-        cost = 0.0
-        for instance_name, count in resources:
-            try:
-                instance = get_instance_type(instance_name)
-            except UnknownNameError:
-                notes.append(f"instance type {instance_name} is not in the hardware catalog: no GPU-hours or price")
-                gpu_hours = cost = None
-                break
-            gpu_hours += billed * count * instance.gpus_per_node / 3600.0
-            price = instance.usd_per_hour.value
-            if capacity == "spot" and training_seconds is not None and training_seconds > billed:
-                spot_savings += price * count * (training_seconds - billed) / 3600.0
-            cost += price * count * billed / 3600.0
-        plan_instance_hours = billed * instance_count / 3600.0
-        if plan_arn:
-            plan = plans.get(plan_arn)
-            if plan is None or plan.usd_per_instance_hour is None:
-                cost = None
-                notes.append("training plan fee unknown or not in USD: no cost")
-            else:
-                cost = plan.usd_per_instance_hour * plan_instance_hours
-    else:
-        notes.append("still running: no cost until it ends")
 
+def _prediction_of(
+    job: dict[str, Any],
+    outcome: _Outcome,
+    profile: str,
+    hyperparameters: dict[str, str],
+    predictor: Predictor,
+    notes: list[str],
+) -> _Prediction:
+    """The final metrics the run reported and the planner's prediction for the knobs it used."""
     knobs, architecture = _parse_knobs(hyperparameters, notes)
     metrics = _final_metrics(job)
-    achieved_tps = metrics.get(TOKENS_METRIC)
-    achieved_mfu = metrics.get(MFU_METRIC)
-    if achieved_tps is None and outcome != "running":
+    achieved = _Prediction(
+        knobs=knobs,
+        achieved_tps=metrics.get(TOKENS_METRIC),
+        achieved_mfu=metrics.get(MFU_METRIC),
+        achieved_memory=metrics.get(MEMORY_METRIC),
+    )
+    if achieved.achieved_tps is None and outcome.ended:
         notes.append("no final metrics")
-    profile = _profile_of(job, origin, hyperparameters)
-    predicted_tps: float | None = None
-    predicted_mfu: float | None = None
-    predicted_memory: float | None = None
-    predicted_fits: bool | None = None
-    if knobs is not None and len(resources) == 1:
-        try:
-            prediction = predictor(profile, resources[0][0], instance_count, knobs, architecture)
-            predicted_tps, predicted_mfu = prediction.tokens_per_second_per_gpu, prediction.mfu
-            predicted_memory, predicted_fits = prediction.peak_memory_gib, prediction.fits
-        except PredictionUnavailableError as error:
-            notes.append(str(error))
+    if knobs is None or len(outcome.resources) != 1:
+        return achieved
+    try:
+        prediction = predictor(profile, outcome.resources[0][0], outcome.instance_count, knobs, architecture)
+    except PredictionUnavailableError as error:
+        notes.append(str(error))
+        return achieved
+    return replace(
+        achieved,
+        predicted_tps=prediction.tokens_per_second_per_gpu,
+        predicted_mfu=prediction.mfu,
+        predicted_memory=prediction.peak_memory_gib,
+        predicted_fits=prediction.fits,
+    )
 
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _run(job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str, _Plan], predictor: Predictor) -> _Run:
+    """One job's figures: its outcome, cost, prediction and capacity wait, in that order of notes."""
+    notes: list[str] = []
+    hyperparameters = {key: _unquote(str(value)) for key, value in job.get("HyperParameters", {}).items()}
+    outcome = _outcome_of(job)
+    cost = _cost_of(job, outcome, plans, notes)
+    profile = _profile_of(job, origin, hyperparameters)
+    prediction = _prediction_of(job, outcome, profile, hyperparameters, predictor, notes)
     wait = capacity_wait_seconds(job, now)
-    failure = classify_failure(job.get("FailureReason")) if outcome == "failed" else None
-    if failure == "out_of_memory" and predicted_fits:
+    failed = outcome.outcome == "failed"
+    failure = classify_failure(job.get("FailureReason")) if failed else None
+    if failure == "out_of_memory" and prediction.predicted_fits:
         notes.append("ran out of memory although the planner predicted the knobs fit: check the memory model")
-    tps_error = _error_pct(achieved_tps, predicted_tps)
-    mfu_error = _error_pct(achieved_mfu, predicted_mfu)
+    tps_error, mfu_error = prediction.tps_error, prediction.mfu_error
     report = RunReport(
         name=job["TrainingJobName"],
         profile=profile,
-        status=status,
-        outcome=outcome,
+        status=outcome.status,
+        outcome=outcome.outcome,
         failure_cause=failure,
-        failure_reason=first_line(job.get("FailureReason")) if outcome == "failed" else None,
+        failure_reason=first_line(job.get("FailureReason")) if failed else None,
         created=job["CreationTime"],
-        instance_type="+".join(name for name, _ in resources),
-        instance_count=instance_count,
-        capacity=capacity,
-        training_plan=plan_arn.rsplit("/", 1)[-1] if plan_arn else None,
+        instance_type="+".join(name for name, _ in outcome.resources),
+        instance_count=outcome.instance_count,
+        capacity=outcome.capacity,
+        training_plan=outcome.plan_arn.rsplit("/", 1)[-1] if outcome.plan_arn else None,
         pipeline_execution_arn=origin.pipeline_execution_arn,
-        capacity_wait_seconds=None if wait is None else round(wait, 1),
-        training_seconds=training_seconds,
-        billable_seconds=billable_seconds,
-        billable_gpu_hours=None if gpu_hours is None else _hours(gpu_hours),
-        cost_usd=None if cost is None else _money(cost),
-        spot_savings_usd=_money(spot_savings),
-        achieved_tokens_per_second_per_gpu=achieved_tps,
-        achieved_mfu=achieved_mfu,
-        predicted_tokens_per_second_per_gpu=None if predicted_tps is None else round(predicted_tps, 1),
-        predicted_mfu=None if predicted_mfu is None else round(predicted_mfu, 4),
+        capacity_wait_seconds=_rounded(wait, 1),
+        training_seconds=job.get("TrainingTimeInSeconds"),
+        billable_seconds=job.get("BillableTimeInSeconds"),
+        billable_gpu_hours=None if cost.gpu_hours is None else _hours(cost.gpu_hours),
+        cost_usd=None if cost.usd is None else _money(cost.usd),
+        spot_savings_usd=_money(cost.spot_savings),
+        achieved_tokens_per_second_per_gpu=prediction.achieved_tps,
+        achieved_mfu=prediction.achieved_mfu,
+        predicted_tokens_per_second_per_gpu=_rounded(prediction.predicted_tps, 1),
+        predicted_mfu=_rounded(prediction.predicted_mfu, 4),
         tokens_per_second_error_pct=None if tps_error is None else _pct(tps_error),
         mfu_error_pct=None if mfu_error is None else _pct(mfu_error),
-        achieved_peak_memory_gib=metrics.get(MEMORY_METRIC),
-        predicted_peak_memory_gib=None if predicted_memory is None else round(predicted_memory, 2),
-        predicted_fits=predicted_fits,
-        knobs=None if knobs is None else knobs.model_dump(mode="json"),
+        achieved_peak_memory_gib=prediction.achieved_memory,
+        predicted_peak_memory_gib=_rounded(prediction.predicted_memory, 2),
+        predicted_fits=prediction.predicted_fits,
+        knobs=None if prediction.knobs is None else prediction.knobs.model_dump(mode="json"),
         notes=notes,
     )
-    return _Run(
-        report,
-        wait,
-        gpu_hours,
-        cost,
-        spot_savings,
-        plan_arn,
-        plan_instance_hours if ended else 0.0,
-        predicted_tps,
-        predicted_mfu,
-        tps_error,
-        mfu_error,
-    )
+    return _Run(report=report, wait_seconds=wait, cost=cost, prediction=prediction, plan_arn=outcome.plan_arn)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -341,22 +408,19 @@ def summarise(runs: Sequence[_Run]) -> GroupSummary:
     failed = sum(report.outcome == "failed" for report in reports)
     stopped = sum(report.outcome == "stopped" for report in reports)
     ended = successes + failed + stopped
-    waits = [run.wait_seconds / 3600.0 for run in runs if run.wait_seconds is not None]
-    costed = [run for run in runs if run.cost is not None]
-    cost = sum(run.cost for run in costed if run.cost is not None)
+    waits = [run.wait_seconds / SECONDS_PER_HOUR for run in runs if run.wait_seconds is not None]
+    costed = [run for run in runs if run.cost.usd is not None]
+    cost = sum(run.cost.usd for run in costed if run.cost.usd is not None)
     by_capacity = {
-        kind: sum(run.cost or 0.0 for run in costed if run.report.capacity == kind) for kind in CAPACITY_KINDS
+        kind: sum(run.cost.usd or 0.0 for run in costed if run.report.capacity == kind) for kind in CAPACITY_KINDS
     }
     measured = [run for run in runs if run.report.achieved_tokens_per_second_per_gpu is not None]
     achieved_tps = [run.report.achieved_tokens_per_second_per_gpu or 0.0 for run in measured]
-    predicted_tps = [run.predicted_tps for run in measured if run.predicted_tps is not None]
+    predicted_tps = [run.prediction.predicted_tps for run in measured if run.prediction.predicted_tps is not None]
     achieved_mfu = [run.report.achieved_mfu for run in measured if run.report.achieved_mfu is not None]
-    predicted_mfu = [run.predicted_mfu for run in measured if run.predicted_mfu is not None]
-    tps_errors = [run.tps_error for run in runs if run.tps_error is not None]
-    mfu_errors = [run.mfu_error for run in runs if run.mfu_error is not None]
-
-    def rounded(value: float | None, digits: int) -> float | None:
-        return None if value is None else round(value, digits)
+    predicted_mfu = [run.prediction.predicted_mfu for run in measured if run.prediction.predicted_mfu is not None]
+    tps_errors = [error for error in (run.prediction.tps_error for run in runs) if error is not None]
+    mfu_errors = [error for error in (run.prediction.mfu_error for run in runs) if error is not None]
 
     return GroupSummary(
         runs=len(reports),
@@ -364,23 +428,23 @@ def summarise(runs: Sequence[_Run]) -> GroupSummary:
         failed=failed,
         stopped=stopped,
         running=len(reports) - ended,
-        failure_rate=rounded(failed / ended if ended else None, 4),
+        failure_rate=_rounded(failed / ended if ended else None, 4),
         failures_by_cause={cause: sum(r.failure_cause == cause for r in reports) for cause in FAILURE_CAUSES},
         capacity_wait_hours_total=_hours(sum(waits)),
-        capacity_wait_hours_median=rounded(statistics.median(waits) if waits else None, 4),
-        capacity_wait_hours_max=rounded(max(waits) if waits else None, 4),
-        billable_gpu_hours=_hours(sum(run.gpu_hours or 0.0 for run in runs)),
+        capacity_wait_hours_median=_rounded(statistics.median(waits) if waits else None, 4),
+        capacity_wait_hours_max=_rounded(max(waits) if waits else None, 4),
+        billable_gpu_hours=_hours(sum(run.cost.gpu_hours or 0.0 for run in runs)),
         cost_usd=_money(cost),
         cost_by_capacity_usd={kind: _money(value) for kind, value in by_capacity.items()},
-        spot_savings_usd=_money(sum(run.spot_savings for run in runs)),
-        cost_per_successful_run_usd=rounded(cost / successes if successes else None, 2),
+        spot_savings_usd=_money(sum(run.cost.spot_savings for run in runs)),
+        cost_per_successful_run_usd=_rounded(cost / successes if successes else None, 2),
         runs_with_metrics=len(measured),
-        achieved_tokens_per_second_per_gpu_mean=rounded(_mean(achieved_tps), 1),
-        predicted_tokens_per_second_per_gpu_mean=rounded(_mean(predicted_tps), 1),
-        tokens_per_second_error_pct_mean=rounded(_mean(tps_errors), 2),
-        achieved_mfu_mean=rounded(_mean(achieved_mfu), 4),
-        predicted_mfu_mean=rounded(_mean(predicted_mfu), 4),
-        mfu_error_pct_mean=rounded(_mean(mfu_errors), 2),
+        achieved_tokens_per_second_per_gpu_mean=_rounded(_mean(achieved_tps), 1),
+        predicted_tokens_per_second_per_gpu_mean=_rounded(_mean(predicted_tps), 1),
+        tokens_per_second_error_pct_mean=_rounded(_mean(tps_errors), 2),
+        achieved_mfu_mean=_rounded(_mean(achieved_mfu), 4),
+        predicted_mfu_mean=_rounded(_mean(predicted_mfu), 4),
+        mfu_error_pct_mean=_rounded(_mean(mfu_errors), 2),
     )
 
 
@@ -406,13 +470,13 @@ def build_report(
 
     order = list(profiles) + sorted({run.report.profile for run in runs} - set(profiles))
     by_profile = {name: summarise([run for run in runs if run.report.profile == name]) for name in order}
-    uncosted = sum(run.report.outcome != "running" and run.cost is None for run in runs)
+    uncosted = sum(run.report.outcome != "running" and run.cost.usd is None for run in runs)
     if uncosted:
         notes.append(f"{uncosted} ended run(s) have no cost (see their notes) and are left out of the cost figures")
 
     plan_reports = []
     for arn, plan in sorted(plans.items(), key=lambda item: item[1].report.name):
-        used = sum(run.plan_instance_hours for run in runs if run.plan_arn == arn)
+        used = sum(run.cost.plan_instance_hours for run in runs if run.plan_arn == arn)
         capacity_hours = plan.report.duration_hours * plan.report.instance_count
         per_hour = plan.usd_per_instance_hour
         if per_hour is None:  # not USD: apportion in the plan's own currency

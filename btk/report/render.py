@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
-from btk.report.schema import FAILURE_CAUSES, GroupSummary, Report, RunReport
+from btk.report.schema import FAILURE_CAUSES, FailureCause, GroupSummary, PlanReport, Report, RunReport
+from btk.table import Column, Table
+from btk.units import SECONDS_PER_HOUR
 
 Format = Literal["table", "markdown", "json"]
-FORMATS: tuple[Format, ...] = ("table", "markdown", "json")
 CAUSE_LABELS = {
     "capacity": "capacity",
     "out_of_memory": "out of memory",
@@ -17,7 +19,7 @@ CAUSE_LABELS = {
     "user_error": "user error",
     "other": "other",
 }
-Row = Sequence[str]
+_RowT = TypeVar("_RowT")
 
 
 def _num(value: float | int | None, fmt: str = "{:,.2f}") -> str:
@@ -36,99 +38,77 @@ def _signed_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
 
-def _summary_rows(report: Report) -> tuple[Row, Sequence[Row]]:
-    headers = (
-        "profile",
-        "runs",
-        "ok",
-        "failed",
-        "stopped",
-        "running",
-        "failure rate",
-        "capacity wait h (median)",
-        "GPU-hours",
-        "cost $",
-        "spot saved $",
-        "$ per successful run",
-    )
-    groups: list[tuple[str, GroupSummary]] = [*report.by_profile.items(), ("all", report.overall)]
-    rows = [
-        (
-            name,
-            str(g.runs),
-            str(g.successes),
-            str(g.failed),
-            str(g.stopped),
-            str(g.running),
-            _pct(g.failure_rate),
-            f"{g.capacity_wait_hours_total:,.2f} ({_num(g.capacity_wait_hours_median)})",
-            _num(g.billable_gpu_hours),
-            _num(g.cost_usd),
-            _num(g.spot_savings_usd),
-            _num(g.cost_per_successful_run_usd),
-        )
-        for name, g in groups
+Group = tuple[str, GroupSummary]
+"""A profile's name (or ``all``) and its figures: one row of the per-group tables."""
+
+
+def _groups(report: Report) -> list[Group]:
+    return [*report.by_profile.items(), ("all", report.overall)]
+
+
+def _left(header: str, cell: Callable[[_RowT], str]) -> Column[_RowT]:
+    return Column(header, cell, "left")
+
+
+def _right(header: str, cell: Callable[[_RowT], str]) -> Column[_RowT]:
+    return Column(header, cell, "right")
+
+
+def _group_name(group: Group) -> str:
+    return group[0]
+
+
+SUMMARY: Table[Group] = Table(
+    [
+        _left("profile", _group_name),
+        _right("runs", lambda g: str(g[1].runs)),
+        _right("ok", lambda g: str(g[1].successes)),
+        _right("failed", lambda g: str(g[1].failed)),
+        _right("stopped", lambda g: str(g[1].stopped)),
+        _right("running", lambda g: str(g[1].running)),
+        _right("failure rate", lambda g: _pct(g[1].failure_rate)),
+        _right(
+            "capacity wait h (median)",
+            lambda g: f"{g[1].capacity_wait_hours_total:,.2f} ({_num(g[1].capacity_wait_hours_median)})",
+        ),
+        _right("GPU-hours", lambda g: _num(g[1].billable_gpu_hours)),
+        _right("cost $", lambda g: _num(g[1].cost_usd)),
+        _right("spot saved $", lambda g: _num(g[1].spot_savings_usd)),
+        _right("$ per successful run", lambda g: _num(g[1].cost_per_successful_run_usd)),
     ]
-    return headers, rows
+)
 
 
-def _cause_rows(report: Report) -> tuple[Row, Sequence[Row]]:
-    headers = ("profile", *(CAUSE_LABELS[cause] for cause in FAILURE_CAUSES))
-    groups = [*report.by_profile.items(), ("all", report.overall)]
-    return headers, [(name, *(str(g.failures_by_cause[c]) for c in FAILURE_CAUSES)) for name, g in groups]
+def _cause_column(cause: FailureCause) -> Column[Group]:
+    return _right(CAUSE_LABELS[cause], lambda g: str(g[1].failures_by_cause[cause]))
 
 
-def _prediction_rows(report: Report) -> tuple[Row, Sequence[Row]]:
-    headers = (
-        "profile",
-        "runs with metrics",
-        "tokens/s/GPU achieved",
-        "predicted",
-        "error",
-        "MFU achieved",
-        "predicted",
-        "error",
-    )
-    groups = [*report.by_profile.items(), ("all", report.overall)]
-    rows = [
-        (
-            name,
-            str(g.runs_with_metrics),
-            _num(g.achieved_tokens_per_second_per_gpu_mean, "{:,.0f}"),
-            _num(g.predicted_tokens_per_second_per_gpu_mean, "{:,.0f}"),
-            _signed_pct(g.tokens_per_second_error_pct_mean),
-            _num(g.achieved_mfu_mean, "{:.3f}"),
-            _num(g.predicted_mfu_mean, "{:.3f}"),
-            _signed_pct(g.mfu_error_pct_mean),
-        )
-        for name, g in groups
+CAUSES: Table[Group] = Table([_left("profile", _group_name), *(_cause_column(cause) for cause in FAILURE_CAUSES)])
+
+PREDICTION: Table[Group] = Table(
+    [
+        _left("profile", _group_name),
+        _right("runs with metrics", lambda g: str(g[1].runs_with_metrics)),
+        _right("tokens/s/GPU achieved", lambda g: _num(g[1].achieved_tokens_per_second_per_gpu_mean, "{:,.0f}")),
+        _right("predicted", lambda g: _num(g[1].predicted_tokens_per_second_per_gpu_mean, "{:,.0f}")),
+        _right("error", lambda g: _signed_pct(g[1].tokens_per_second_error_pct_mean)),
+        _right("MFU achieved", lambda g: _num(g[1].achieved_mfu_mean, "{:.3f}")),
+        _right("predicted", lambda g: _num(g[1].predicted_mfu_mean, "{:.3f}")),
+        _right("error", lambda g: _signed_pct(g[1].mfu_error_pct_mean)),
     ]
-    return headers, rows
+)
 
-
-def _plan_rows(report: Report) -> tuple[Row, Sequence[Row]]:
-    headers = (
-        "training plan",
-        "fee",
-        "hours x instances",
-        "per instance-hour",
-        "used instance-hours",
-        "charged to runs",
-        "utilisation",
-    )
-    rows = [
-        (
-            p.name,
-            f"{p.upfront_fee:,.2f} {p.currency}",
-            f"{p.duration_hours:g} x {p.instance_count}",
-            _num(p.fee_per_instance_hour),
-            _num(p.used_instance_hours),
-            _num(p.apportioned_fee),
-            _pct(p.utilisation),
-        )
-        for p in report.training_plans
+PLANS: Table[PlanReport] = Table(
+    [
+        _left("training plan", lambda p: p.name),
+        _right("fee", lambda p: f"{p.upfront_fee:,.2f} {p.currency}"),
+        _right("hours x instances", lambda p: f"{p.duration_hours:g} x {p.instance_count}"),
+        _right("per instance-hour", lambda p: _num(p.fee_per_instance_hour)),
+        _right("used instance-hours", lambda p: _num(p.used_instance_hours)),
+        _right("charged to runs", lambda p: _num(p.apportioned_fee)),
+        _right("utilisation", lambda p: _pct(p.utilisation)),
     ]
-    return headers, rows
+)
 
 
 def _outcome(run: RunReport) -> str:
@@ -137,57 +117,53 @@ def _outcome(run: RunReport) -> str:
     return run.outcome
 
 
-def _run_rows(report: Report) -> tuple[Row, Sequence[Row]]:
-    headers = (
-        "job",
-        "profile",
-        "created (UTC)",
-        "outcome",
-        "capacity",
-        "instances",
-        "wait h",
-        "GPU-hours",
-        "cost $",
-        "tokens/s/GPU (pred.)",
-        "MFU (pred.)",
-    )
-    rows = [
-        (
-            r.name,
-            r.profile,
-            r.created.strftime("%Y-%m-%d %H:%M"),
-            _outcome(r),
-            r.capacity.replace("_", " "),
-            f"{r.instance_count} x {r.instance_type.removeprefix('ml.')}",
-            _num(None if r.capacity_wait_seconds is None else r.capacity_wait_seconds / 3600),
-            _num(r.billable_gpu_hours),
-            _num(r.cost_usd),
-            _pair(r.achieved_tokens_per_second_per_gpu, r.predicted_tokens_per_second_per_gpu, "{:,.0f}"),
-            _pair(r.achieved_mfu, r.predicted_mfu, "{:.3f}"),
-        )
-        for r in report.runs
+def _wait_hours(run: RunReport) -> str:
+    return _num(None if run.capacity_wait_seconds is None else run.capacity_wait_seconds / SECONDS_PER_HOUR)
+
+
+RUNS: Table[RunReport] = Table(
+    [
+        _left("job", lambda r: r.name),
+        _left("profile", lambda r: r.profile),
+        _left("created (UTC)", lambda r: r.created.strftime("%Y-%m-%d %H:%M")),
+        _left("outcome", _outcome),
+        _left("capacity", lambda r: r.capacity.replace("_", " ")),
+        _left("instances", lambda r: f"{r.instance_count} x {r.instance_type.removeprefix('ml.')}"),
+        _right("wait h", _wait_hours),
+        _right("GPU-hours", lambda r: _num(r.billable_gpu_hours)),
+        _right("cost $", lambda r: _num(r.cost_usd)),
+        _right(
+            "tokens/s/GPU (pred.)",
+            lambda r: _pair(r.achieved_tokens_per_second_per_gpu, r.predicted_tokens_per_second_per_gpu, "{:,.0f}"),
+        ),
+        _right("MFU (pred.)", lambda r: _pair(r.achieved_mfu, r.predicted_mfu, "{:.3f}")),
     ]
-    return headers, rows
+)
 
 
-def _text_table(headers: Row, rows: Sequence[Row], left: int) -> list[str]:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+@dataclass(frozen=True)
+class _Section:
+    """A titled table and the rows it shows; a section without rows is left out."""
 
-    def line(cells: Row) -> str:
-        return "  ".join(
-            cell.ljust(width) if index < left else cell.rjust(width)
-            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return [line(headers), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
+    title: str
+    text: list[str]
+    markdown: list[str]
+    empty: bool
 
 
-def _markdown_table(headers: Row, rows: Sequence[Row], left: int) -> list[str]:
-    def line(cells: Row) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+def _section(title: str, table: Table[_RowT], rows: Sequence[_RowT]) -> _Section:
+    return _Section(title, table.text(rows), table.markdown(rows), not rows)
 
-    rule = "|" + "|".join("---" if index < left else "---:" for index in range(len(headers))) + "|"
-    return [line(headers), rule, *(line(row) for row in rows)]
+
+def _sections(report: Report) -> list[_Section]:
+    groups = _groups(report)
+    return [
+        _section("Summary", SUMMARY, groups),
+        _section("Failures by cause", CAUSES, groups),
+        _section("Achieved vs predicted (planner)", PREDICTION, groups),
+        _section("Training plans", PLANS, report.training_plans),
+        _section("Runs (newest first)", RUNS, report.runs),
+    ]
 
 
 def _title(report: Report) -> str:
@@ -195,16 +171,6 @@ def _title(report: Report) -> str:
         f"btk report: environment {report.environment} ({report.region}), "
         f"jobs created since {report.since:%Y-%m-%d %H:%M} UTC, generated {report.generated_at:%Y-%m-%d %H:%M} UTC"
     )
-
-
-# (title, rows, number of leading text columns, which are left-aligned)
-_SECTIONS = (
-    ("Summary", _summary_rows, 1),
-    ("Failures by cause", _cause_rows, 1),
-    ("Achieved vs predicted (planner)", _prediction_rows, 1),
-    ("Training plans", _plan_rows, 1),
-    ("Runs (newest first)", _run_rows, 6),
-)
 
 
 def _footer(report: Report) -> list[str]:
@@ -215,10 +181,9 @@ def _footer(report: Report) -> list[str]:
 
 def render_text(report: Report) -> str:
     out = [_title(report)]
-    for title, rows_of, left in _SECTIONS:
-        headers, rows = rows_of(report)
-        if rows:
-            out += ["", title, *_text_table(headers, rows, left)]
+    for section in _sections(report):
+        if not section.empty:
+            out += ["", section.title, *section.text]
     if not report.runs:
         out += ["", "no training jobs found in this window"]
     footer = _footer(report)
@@ -227,10 +192,9 @@ def render_text(report: Report) -> str:
 
 def render_markdown(report: Report) -> str:
     out = [f"### {_title(report)}"]
-    for title, rows_of, left in _SECTIONS:
-        headers, rows = rows_of(report)
-        if rows:
-            out += ["", f"**{title}**", "", *_markdown_table(headers, rows, left)]
+    for section in _sections(report):
+        if not section.empty:
+            out += ["", f"**{section.title}**", "", *section.markdown]
     if not report.runs:
         out += ["", "_no training jobs found in this window_"]
     footer = _footer(report)

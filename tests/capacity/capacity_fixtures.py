@@ -1,4 +1,4 @@
-"""Shared values and builders of the training-plan tests (the ``sagemaker`` fixture is in conftest.py).
+"""Shared values and builders of the training-plan tests (the ``stubbed_sagemaker`` fixture is in conftest.py).
 
 moto does not implement the training-plan APIs, so every test queues the exact responses with
 ``botocore.stub.Stubber`` (which also validates each request against botocore's service model)

@@ -1,4 +1,4 @@
-"""The ``sagemaker`` fixture of the training-plan tests: a Stubber-backed client that records calls."""
+"""The ``stubbed_sagemaker`` fixture of the training-plan tests: a Stubber-backed client that records calls."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from capacity_fixtures import REGION, StubbedSageMaker
 
 
 @pytest.fixture
-def sagemaker() -> Iterator[StubbedSageMaker]:
+def stubbed_sagemaker() -> Iterator[StubbedSageMaker]:
+    """A real botocore SageMaker client, its Stubber, and the operations it was asked for, in order."""
     client = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
     stubbed = StubbedSageMaker(client=client, stubber=Stubber(client))
 

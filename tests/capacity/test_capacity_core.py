@@ -149,63 +149,63 @@ def test_rejection_names_the_reason(item: dict[str, object], reason: str | None)
     assert capacity.rejection(capacity.Offering.from_api(item), REQUEST, 1000.0) == reason
 
 
-def test_list_plans_follows_every_page_and_filters_by_prefix(sagemaker: StubbedSageMaker) -> None:
+def test_list_plans_follows_every_page_and_filters_by_prefix(stubbed_sagemaker: StubbedSageMaker) -> None:
     def summary(name: str) -> dict[str, object]:
         plan = described_plan(name)
         return {key: plan[key] for key in ("TrainingPlanArn", "TrainingPlanName", "Status", "TotalInstanceCount")}
 
     base = {"MaxResults": 100, "SortBy": "StartTime", "SortOrder": "Ascending"}
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "list_training_plans",
         {"TrainingPlanSummaries": [summary("btk-prod-00000001"), summary("team-plan")], "NextToken": "p2"},
         base,
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "list_training_plans", {"TrainingPlanSummaries": [summary("btk-prod-00000002")]}, {**base, "NextToken": "p2"}
     )
 
-    plans = capacity.list_plans(sagemaker.client, "btk-prod-")
+    plans = capacity.list_plans(stubbed_sagemaker.client, "btk-prod-")
 
     assert [plan.name for plan in plans] == ["btk-prod-00000001", "btk-prod-00000002"]
-    assert sagemaker.calls == ["ListTrainingPlans", "ListTrainingPlans"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["ListTrainingPlans", "ListTrainingPlans"]
+    stubbed_sagemaker.done()
 
 
-def test_wait_polls_until_scheduled_with_the_injected_clock(sagemaker: StubbedSageMaker) -> None:
+def test_wait_polls_until_scheduled_with_the_injected_clock(stubbed_sagemaker: StubbedSageMaker) -> None:
     for status in ("Pending", "Pending", "Active"):
-        sagemaker.stubber.add_response("describe_training_plan", described_plan("p", status=status))
+        stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan("p", status=status))
     clock = FakeClock()
 
     plan = capacity.wait_for_plan(
-        sagemaker.client, "p", timeout_seconds=100, poll_seconds=20, sleep=clock.sleep, clock=clock.clock
+        stubbed_sagemaker.client, "p", timeout_seconds=100, poll_seconds=20, sleep=clock.sleep, clock=clock.clock
     )
 
     assert plan.status == "Active" and plan.arn == plan_arn("p")
     assert clock.sleeps == [20, 20]
-    sagemaker.done()
+    stubbed_sagemaker.done()
 
 
-def test_wait_stops_at_the_deadline_with_a_retry_hint(sagemaker: StubbedSageMaker) -> None:
+def test_wait_stops_at_the_deadline_with_a_retry_hint(stubbed_sagemaker: StubbedSageMaker) -> None:
     for _ in range(4):  # t = 0, 20, 40, 50 (last sleep is cut to the deadline)
-        sagemaker.stubber.add_response("describe_training_plan", described_plan("p", status="Pending"))
+        stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan("p", status="Pending"))
     clock = FakeClock()
 
     with pytest.raises(capacity.PlanNotReadyError, match="still Pending after 50s"):
         capacity.wait_for_plan(
-            sagemaker.client, "p", timeout_seconds=50, poll_seconds=20, sleep=clock.sleep, clock=clock.clock
+            stubbed_sagemaker.client, "p", timeout_seconds=50, poll_seconds=20, sleep=clock.sleep, clock=clock.clock
         )
 
     assert clock.sleeps == [20, 20, 10]
-    sagemaker.done()
+    stubbed_sagemaker.done()
 
 
-def test_wait_fails_at_once_on_a_failed_plan(sagemaker: StubbedSageMaker) -> None:
+def test_wait_fails_at_once_on_a_failed_plan(stubbed_sagemaker: StubbedSageMaker) -> None:
     failed = {**described_plan("p", status="Failed"), "StatusMessage": "payment declined"}
-    sagemaker.stubber.add_response("describe_training_plan", failed)
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", failed)
     clock = FakeClock()
 
     with pytest.raises(capacity.CapacityError, match="training plan p is Failed: payment declined"):
-        capacity.wait_for_plan(sagemaker.client, "p", sleep=clock.sleep, clock=clock.clock)
+        capacity.wait_for_plan(stubbed_sagemaker.client, "p", sleep=clock.sleep, clock=clock.clock)
 
     assert clock.sleeps == []
 

@@ -11,7 +11,6 @@ from capacity_fixtures import ACCOUNT, AZ, REGION, START, StubbedSageMaker, desc
 
 from btk import capacity, catalog
 from btk.cli import main
-from btk.cli.capacity import fee_per_billion_tokens, tokens_billion
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
 from btk.hardware import get_instance_type
 from btk.planner.search import plan_profile
@@ -42,10 +41,10 @@ SEARCH = {
 
 
 @pytest.fixture(autouse=True)
-def environments(monkeypatch: pytest.MonkeyPatch, sagemaker: StubbedSageMaker) -> None:
+def environments(monkeypatch: pytest.MonkeyPatch, stubbed_sagemaker: StubbedSageMaker) -> None:
     real = catalog.all_environments()
     monkeypatch.setattr(catalog, "all_environments", lambda: {**real, "burst": RESERVE_ENV, "team": EXISTING_ENV})
-    monkeypatch.setattr(capacity, "sagemaker_client", lambda region: sagemaker.client)
+    monkeypatch.setattr(capacity, "sagemaker_client", lambda region: stubbed_sagemaker.client)
 
 
 def btk(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -54,19 +53,11 @@ def btk(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def test_fee_per_billion_tokens_arithmetic() -> None:
-    # 10,000 tok/s/GPU x 16 GPUs x 168 h = 96.768 B tokens
-    assert tokens_billion(10_000, 16, 168) == pytest.approx(96.768)
-    assert fee_per_billion_tokens(100_000, 10_000, 16, 168) == pytest.approx(1033.39, abs=0.01)
-    assert fee_per_billion_tokens(None, 10_000, 16, 168) is None
-    assert fee_per_billion_tokens(100_000, 0, 16, 168) is None
-
-
 def test_search_json_prices_each_offering_with_the_planner(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
     offerings = [offering("tpo-b", fee="90000.00", az="us-east-1b"), offering("tpo-a", fee="120000.00", hours=336)]
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, {**SEARCH, "DurationHours": 336}
     )
 
@@ -85,7 +76,7 @@ def test_search_json_prices_each_offering_with_the_planner(
     )
 
     assert (code, err) == (0, "")
-    assert sagemaker.calls == ["SearchTrainingPlanOfferings"]
+    assert stubbed_sagemaker.calls == ["SearchTrainingPlanOfferings"]
     result = json.loads(out)
     instance = get_instance_type("ml.p6-b200.48xlarge")
     speed = plan_profile(catalog.get_profile("llama3.1-8b"), instance, 2).evaluation.estimate.tokens_per_second_per_gpu
@@ -102,9 +93,9 @@ def test_search_json_prices_each_offering_with_the_planner(
 
 
 def test_search_table_lists_fee_currency_window_az_count_and_fee_per_billion(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings",
         {
             "TrainingPlanOfferings": [
@@ -142,9 +133,9 @@ def test_search_table_lists_fee_currency_window_az_count_and_fee_per_billion(
 
 
 def test_search_with_no_offerings_says_how_to_widen(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
+    stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
 
     code, out, _ = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b")
 
@@ -189,7 +180,7 @@ def test_search_with_no_offerings_says_how_to_widen(
     ],
 )
 def test_bad_search_arguments_exit_2_with_one_line(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     try:
         code, _out, err = btk(capsys, "capacity", "search", *argv)
@@ -197,13 +188,13 @@ def test_bad_search_arguments_exit_2_with_one_line(
         code, err = int(exit_.code or 0), capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(message)
-    assert sagemaker.calls == []
+    assert stubbed_sagemaker.calls == []
 
 
 def test_aws_access_denied_exits_2_with_one_line(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sagemaker.stubber.add_client_error(
+    stubbed_sagemaker.stubber.add_client_error(
         "search_training_plan_offerings",
         service_error_code="AccessDeniedException",
         service_message="not authorized",
@@ -216,17 +207,17 @@ def test_aws_access_denied_exits_2_with_one_line(
     assert err == "btk: error: SearchTrainingPlanOfferings failed: AccessDeniedException: not authorized\n"
 
 
-def test_show_on_demand_makes_no_call(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_on_demand_makes_no_call(stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = btk(capsys, "capacity", "show", "--env", "dev")
 
     assert code == 0
     assert out == "dev: capacity on_demand: no training plan; jobs run on on-demand capacity\n"
-    assert sagemaker.calls == []
+    assert stubbed_sagemaker.calls == []
 
 
-def test_show_reserve_not_bought_yet(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_reserve_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
     name = capacity.reservation_request(RESERVE_ENV).plan_name()
-    sagemaker.stubber.add_client_error(
+    stubbed_sagemaker.stubber.add_client_error(
         "describe_training_plan", "ResourceNotFound", "no such plan", 400, expected_params={"TrainingPlanName": name}
     )
     summaries = []
@@ -234,7 +225,7 @@ def test_show_reserve_not_bought_yet(sagemaker: StubbedSageMaker, capsys: pytest
     for other_name, status in (("btk-burst-00000000", "Expired"), ("btk-burst-eu-0000abcd", "Active")):
         other = described_plan(other_name, status=status)
         summaries.append({key: other[key] for key in ("TrainingPlanArn", "TrainingPlanName", "Status")})
-    sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": summaries})
+    stubbed_sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": summaries})
 
     code, out, _ = btk(capsys, "capacity", "show", "--env", "burst")
 
@@ -245,13 +236,13 @@ def test_show_reserve_not_bought_yet(sagemaker: StubbedSageMaker, capsys: pytest
         "not bought yet: the next deploy buys the best offering within the ceiling in this AZ",
         "other plan of burst (earlier reservation inputs): btk-burst-00000000 Expired",
     ]
-    assert sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans"]
 
 
 def test_show_existing_json_reports_the_plan_and_its_problems(
-    sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan",
         described_plan("team-plan", az="us-east-1b"),
         {"TrainingPlanName": plan_arn("team-plan")},
@@ -264,11 +255,13 @@ def test_show_existing_json_reports_the_plan_and_its_problems(
     assert result["mode"] == "existing" and result["plan"]["name"] == "team-plan"
     assert result["plan"]["status"] == "Scheduled" and result["plan"]["total_instance_count"] == 2
     assert result["problems"] == ["AZ us-east-1b, not us-east-1a"]
-    assert sagemaker.calls == ["DescribeTrainingPlan"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
 
 
-def test_show_existing_plan_that_fits_exits_0(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
-    sagemaker.stubber.add_response(
+def test_show_existing_plan_that_fits_exits_0(
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan",
         described_plan("team-plan", status="Active"),
         {"TrainingPlanName": plan_arn("team-plan")},
@@ -283,8 +276,10 @@ def test_show_existing_plan_that_fits_exits_0(sagemaker: StubbedSageMaker, capsy
     assert lines[-1] == "fits the environment"
 
 
-def test_show_existing_plan_missing_exits_2(sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]) -> None:
-    sagemaker.stubber.add_client_error("describe_training_plan", "ResourceNotFound", "no such plan", 400)
+def test_show_existing_plan_missing_exits_2(
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stubbed_sagemaker.stubber.add_client_error("describe_training_plan", "ResourceNotFound", "no such plan", 400)
 
     code, _, err = btk(capsys, "capacity", "show", "--env", "team")
 

@@ -63,48 +63,52 @@ def event(request_type: str, properties: dict[str, str], **extra: Any) -> dict[s
     }
 
 
-def expect_not_bought_yet(sagemaker: StubbedSageMaker, name: str = NAME) -> None:
-    sagemaker.stubber.add_client_error(
+def expect_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, name: str = NAME) -> None:
+    stubbed_sagemaker.stubber.add_client_error(
         "describe_training_plan", expected_params={"TrainingPlanName": name}, **NOT_FOUND
     )
 
 
-def run(sagemaker: StubbedSageMaker, evt: dict[str, Any], clock: FakeClock | None = None) -> dict[str, Any]:
+def run(stubbed_sagemaker: StubbedSageMaker, evt: dict[str, Any], clock: FakeClock | None = None) -> dict[str, Any]:
     clock = clock or FakeClock()
-    result: dict[str, Any] = handler.handle(evt, sagemaker.client, sleep=clock.sleep, clock=clock.clock)
+    result: dict[str, Any] = handler.handle(evt, stubbed_sagemaker.client, sleep=clock.sleep, clock=clock.clock)
     return result
 
 
-def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
+def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(
+    stubbed_sagemaker: StubbedSageMaker,
+) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
     offerings = [
         offering("tpo-later", fee="90000.00", start=START.replace(day=9)),
         offering("tpo-other-az", fee="50000.00", az="us-east-1b"),
         offering("tpo-best", fee="120000.00"),
         offering("tpo-too-dear", fee="200000.00"),
     ]
-    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH
+    )
+    stubbed_sagemaker.stubber.add_response(
         "create_training_plan",
         {"TrainingPlanArn": plan_arn(NAME)},
         {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-best"},
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
     )
-    sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
     clock = FakeClock()
 
-    result = run(sagemaker, event("Create", RESERVE), clock)
+    result = run(stubbed_sagemaker, event("Create", RESERVE), clock)
 
-    assert sagemaker.calls == [
+    assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",
         "DescribeTrainingPlan",
     ]
-    sagemaker.done()
+    stubbed_sagemaker.done()
     assert result == {
         "PhysicalResourceId": plan_arn(NAME),
         "Data": {"PlanArn": plan_arn(NAME), "PlanName": NAME, "Status": "Scheduled", "Bought": "true"},
@@ -112,216 +116,230 @@ def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(
     assert clock.sleeps == [capacity.DEFAULT_POLL_SECONDS]
 
 
-def test_fee_over_the_ceiling_fails_listing_the_offerings_and_buys_nothing(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
+def test_fee_over_the_ceiling_fails_listing_the_offerings_and_buys_nothing(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
     offerings = [offering("tpo-dear", fee="180000.00"), offering("tpo-dearer", fee="260000.00")]
-    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
+    stubbed_sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH
+    )
 
     with pytest.raises(capacity.CapacityError) as raised:
-        run(sagemaker, event("Create", RESERVE))
+        run(stubbed_sagemaker, event("Create", RESERVE))
 
     message = str(raised.value)
     assert "\n" not in message
     assert "within max_upfront_fee 150,000.00" in message
     assert "tpo-dear (180,000.00 USD, us-east-1a" in message and "tpo-dearer" in message
     assert "fee 180,000.00 USD > max_upfront_fee 150,000.00" in message
-    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    stubbed_sagemaker.done()
 
 
-def test_without_approval_nothing_is_bought_even_in_range(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
-    sagemaker.stubber.add_response(
+def test_without_approval_nothing_is_bought_even_in_range(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-fine", fee="1000.00")]}, SEARCH
     )
     unapproved = {**RESERVE, "PurchaseApproved": "false"}
 
     with pytest.raises(capacity.CapacityError, match=r"set capacity.purchase_approved to buy; offerings: tpo-fine"):
-        run(sagemaker, event("Create", unapproved))
+        run(stubbed_sagemaker, event("Create", unapproved))
 
-    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    stubbed_sagemaker.done()
 
 
-def test_offerings_only_in_another_az_are_never_bought(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
+def test_offerings_only_in_another_az_are_never_bought(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
     offerings = [offering("tpo-b", fee="1000.00", az="us-east-1b"), offering("tpo-c", fee="900.00", az="us-east-1c")]
-    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH)
+    stubbed_sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": offerings}, SEARCH
+    )
 
     with pytest.raises(capacity.CapacityError) as raised:
-        run(sagemaker, event("Create", RESERVE))
+        run(stubbed_sagemaker, event("Create", RESERVE))
 
     assert "no offering in us-east-1a" in str(raised.value)
     assert "AZ us-east-1c is not the environment's us-east-1a" in str(raised.value)
-    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    stubbed_sagemaker.done()
 
 
-def test_empty_offering_list_fails_with_the_window(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
-    sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
+def test_empty_offering_list_fails_with_the_window(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
 
     with pytest.raises(capacity.CapacityError, match=r"no training-plan offerings for 2 x ml.p6-b200.48xlarge, 168 h"):
-        run(sagemaker, event("Create", RESERVE))
+        run(stubbed_sagemaker, event("Create", RESERVE))
 
-    assert sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    stubbed_sagemaker.done()
 
 
-def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(sagemaker: StubbedSageMaker) -> None:
+def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
+    stubbed_sagemaker: StubbedSageMaker,
+) -> None:
     # First deploy: buys, then the plan stays Pending past the deadline -> the deploy fails.
-    expect_not_bought_yet(sagemaker)
-    sagemaker.stubber.add_response(
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "create_training_plan",
         {"TrainingPlanArn": plan_arn(NAME)},
         {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
     )
     short_wait = {**RESERVE, "WaitSeconds": "30"}
     for _ in range(3):  # t=0, t=15, t=30 -> deadline
-        sagemaker.stubber.add_response(
+        stubbed_sagemaker.stubber.add_response(
             "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
         )
 
     with pytest.raises(capacity.PlanNotReadyError, match="found by name and not bought twice"):
-        run(sagemaker, event("Create", short_wait))
+        run(stubbed_sagemaker, event("Create", short_wait))
 
     # Second deploy (after the failed one rolled back): the name finds the plan; nothing is bought.
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Scheduled"), {"TrainingPlanName": NAME}
     )
 
-    result = run(sagemaker, event("Create", RESERVE))
+    result = run(stubbed_sagemaker, event("Create", RESERVE))
 
-    assert sagemaker.calls.count("CreateTrainingPlan") == 1
-    assert sagemaker.calls == [
+    assert stubbed_sagemaker.calls.count("CreateTrainingPlan") == 1
+    assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         *["DescribeTrainingPlan"] * 3,
         *["DescribeTrainingPlan"] * 3,
     ]
-    sagemaker.done()
+    stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(NAME)
     assert result["Data"]["Bought"] == "false"
 
 
 def test_a_lost_create_response_retried_into_resource_in_use_is_the_plan_bought_once(
-    sagemaker: StubbedSageMaker,
+    stubbed_sagemaker: StubbedSageMaker,
 ) -> None:
     # botocore retries CreateTrainingPlan after a read timeout; the first attempt had bought the plan,
     # so the retry finds the name taken. The handler takes the plan of that name, buying nothing more.
-    expect_not_bought_yet(sagemaker)
-    sagemaker.stubber.add_response(
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
     )
-    sagemaker.stubber.add_client_error(
+    stubbed_sagemaker.stubber.add_client_error(
         "create_training_plan",
         service_error_code="ResourceInUse",
         service_message=f"Training plan {NAME} already exists",
         http_status_code=400,
         expected_params={"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
     )
-    sagemaker.stubber.add_response(
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
     )
-    sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME), {"TrainingPlanName": NAME})
 
-    result = run(sagemaker, event("Create", RESERVE))
+    result = run(stubbed_sagemaker, event("Create", RESERVE))
 
-    assert sagemaker.calls == [
+    assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",
         "DescribeTrainingPlan",
     ]
-    sagemaker.done()
+    stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(NAME)
     assert result["Data"]["Status"] == "Scheduled"
 
 
-def test_resource_in_use_without_a_plan_of_that_name_fails_with_one_line(sagemaker: StubbedSageMaker) -> None:
-    expect_not_bought_yet(sagemaker)
-    sagemaker.stubber.add_response(
+def test_resource_in_use_without_a_plan_of_that_name_fails_with_one_line(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
     )
-    sagemaker.stubber.add_client_error(
+    stubbed_sagemaker.stubber.add_client_error(
         "create_training_plan", service_error_code="ResourceInUse", service_message="offering\nis taken"
     )
-    expect_not_bought_yet(sagemaker)
+    expect_not_bought_yet(stubbed_sagemaker)
 
     with pytest.raises(capacity.CapacityError) as raised:
-        run(sagemaker, event("Create", RESERVE))
+        run(stubbed_sagemaker, event("Create", RESERVE))
 
     assert str(raised.value) == "CreateTrainingPlan failed: ResourceInUse: offering is taken"
-    assert sagemaker.calls == [
+    assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",
     ]
-    sagemaker.done()
+    stubbed_sagemaker.done()
 
 
-def test_update_with_unchanged_inputs_is_a_no_op(sagemaker: StubbedSageMaker) -> None:
+def test_update_with_unchanged_inputs_is_a_no_op(stubbed_sagemaker: StubbedSageMaker) -> None:
     # Raising the fee ceiling or re-approving is not a reason to buy: only the identity counts.
     new = {**RESERVE, "MaxUpfrontFee": "999999.0", "WaitSeconds": "300"}
 
-    result = run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+    result = run(
+        stubbed_sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE)
+    )
 
-    assert sagemaker.calls == []
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == []
+    stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(NAME)
     assert result["Data"]["PlanArn"] == plan_arn(NAME)
     assert result["Data"]["PlanName"] == NAME
     assert result["Data"]["Bought"] == "false"
 
 
-def test_update_with_a_new_window_looks_for_the_new_name_first(sagemaker: StubbedSageMaker) -> None:
+def test_update_with_a_new_window_looks_for_the_new_name_first(stubbed_sagemaker: StubbedSageMaker) -> None:
     new = {**RESERVE, "DurationHours": "336"}
     new_name = capacity.ReservationRequest.from_properties(new).plan_name()
     assert new_name != NAME
-    sagemaker.stubber.add_response("describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name})
-    sagemaker.stubber.add_response("describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name})
+    stubbed_sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name}
+    )
+    stubbed_sagemaker.stubber.add_response(
+        "describe_training_plan", described_plan(new_name), {"TrainingPlanName": new_name}
+    )
 
-    result = run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+    result = run(
+        stubbed_sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE)
+    )
 
-    assert sagemaker.calls == ["DescribeTrainingPlan", "DescribeTrainingPlan"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "DescribeTrainingPlan"]
+    stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(new_name)
 
 
-def test_update_with_changed_unapproved_inputs_buys_nothing(sagemaker: StubbedSageMaker) -> None:
+def test_update_with_changed_unapproved_inputs_buys_nothing(stubbed_sagemaker: StubbedSageMaker) -> None:
     new = {**RESERVE, "InstanceCount": "4", "PurchaseApproved": "false"}
     new_name = capacity.ReservationRequest.from_properties(new).plan_name()
-    expect_not_bought_yet(sagemaker, new_name)
-    sagemaker.stubber.add_response(
+    expect_not_bought_yet(stubbed_sagemaker, new_name)
+    stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings",
         {"TrainingPlanOfferings": [offering("tpo-4", count=4)]},
         {**SEARCH, "InstanceCount": 4},
     )
 
     with pytest.raises(capacity.CapacityError, match="purchase_approved"):
-        run(sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
+        run(stubbed_sagemaker, event("Update", new, PhysicalResourceId=plan_arn(NAME), OldResourceProperties=RESERVE))
 
-    assert "CreateTrainingPlan" not in sagemaker.calls
-    sagemaker.done()
+    assert "CreateTrainingPlan" not in stubbed_sagemaker.calls
+    stubbed_sagemaker.done()
 
 
-def test_delete_calls_nothing_and_says_the_plan_expires(sagemaker: StubbedSageMaker) -> None:
-    result = run(sagemaker, event("Delete", RESERVE, PhysicalResourceId=plan_arn(NAME)))
+def test_delete_calls_nothing_and_says_the_plan_expires(stubbed_sagemaker: StubbedSageMaker) -> None:
+    result = run(stubbed_sagemaker, event("Delete", RESERVE, PhysicalResourceId=plan_arn(NAME)))
 
-    assert sagemaker.calls == []
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == []
+    stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(NAME)
     assert "expires on its own end date" in result["Data"]["Message"]
 
@@ -335,22 +353,22 @@ EXISTING = {
 }
 
 
-def test_existing_plan_of_the_wrong_instance_type_fails(sagemaker: StubbedSageMaker) -> None:
-    sagemaker.stubber.add_response(
+def test_existing_plan_of_the_wrong_instance_type_fails(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubbed_sagemaker.stubber.add_response(
         "describe_training_plan",
         described_plan("team-plan", instance_type="ml.p5.48xlarge"),
         {"TrainingPlanName": plan_arn("team-plan")},
     )
 
     with pytest.raises(capacity.CapacityError) as raised:
-        run(sagemaker, event("Create", EXISTING))
+        run(stubbed_sagemaker, event("Create", EXISTING))
 
     assert str(raised.value) == (
         "capacity.plan_arn team-plan does not fit the environment: instance type ml.p5.48xlarge, not "
         "ml.p6-b200.48xlarge: use a matching plan or change the environment"
     )
-    assert sagemaker.calls == ["DescribeTrainingPlan"]
-    sagemaker.done()
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
+    stubbed_sagemaker.done()
 
 
 @pytest.mark.parametrize(
@@ -363,35 +381,35 @@ def test_existing_plan_of_the_wrong_instance_type_fails(sagemaker: StubbedSageMa
     ],
 )
 def test_existing_plan_mismatches_are_named(
-    sagemaker: StubbedSageMaker, overrides: dict[str, Any], problem: str
+    stubbed_sagemaker: StubbedSageMaker, overrides: dict[str, Any], problem: str
 ) -> None:
-    sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", **overrides))
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", **overrides))
 
     with pytest.raises(capacity.CapacityError, match=problem):
-        run(sagemaker, event("Create", EXISTING))
+        run(stubbed_sagemaker, event("Create", EXISTING))
 
-    assert sagemaker.calls == ["DescribeTrainingPlan"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
 
 
-def test_existing_plan_that_fits_returns_its_arn_without_buying(sagemaker: StubbedSageMaker) -> None:
-    sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", status="Active"))
+def test_existing_plan_that_fits_returns_its_arn_without_buying(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan("team-plan", status="Active"))
 
-    result = run(sagemaker, event("Create", EXISTING))
+    result = run(stubbed_sagemaker, event("Create", EXISTING))
 
     assert result["PhysicalResourceId"] == plan_arn("team-plan")
     assert result["Data"]["Status"] == "Active"
-    assert sagemaker.calls == ["DescribeTrainingPlan"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
 
 
-def test_existing_plan_that_does_not_exist_fails(sagemaker: StubbedSageMaker) -> None:
-    sagemaker.stubber.add_client_error("describe_training_plan", **NOT_FOUND)
+def test_existing_plan_that_does_not_exist_fails(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubbed_sagemaker.stubber.add_client_error("describe_training_plan", **NOT_FOUND)
 
     with pytest.raises(capacity.CapacityError, match="does not exist in this account/region: fix the ARN"):
-        run(sagemaker, event("Create", EXISTING))
+        run(stubbed_sagemaker, event("Create", EXISTING))
 
 
-def test_access_denied_is_one_line(sagemaker: StubbedSageMaker) -> None:
-    sagemaker.stubber.add_client_error(
+def test_access_denied_is_one_line(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubbed_sagemaker.stubber.add_client_error(
         "describe_training_plan",
         service_error_code="AccessDeniedException",
         service_message="User is not authorized\nto perform sagemaker:DescribeTrainingPlan",
@@ -399,13 +417,13 @@ def test_access_denied_is_one_line(sagemaker: StubbedSageMaker) -> None:
     )
 
     with pytest.raises(capacity.CapacityError) as raised:
-        run(sagemaker, event("Create", RESERVE))
+        run(stubbed_sagemaker, event("Create", RESERVE))
 
     assert str(raised.value) == (
         "DescribeTrainingPlan failed: AccessDeniedException: User is not authorized to perform "
         "sagemaker:DescribeTrainingPlan"
     )
-    assert sagemaker.calls == ["DescribeTrainingPlan"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
 
 
 @pytest.mark.parametrize(
@@ -419,12 +437,12 @@ def test_access_denied_is_one_line(sagemaker: StubbedSageMaker) -> None:
     ],
 )
 def test_bad_properties_fail_before_any_call(
-    sagemaker: StubbedSageMaker, properties: dict[str, str], message: str
+    stubbed_sagemaker: StubbedSageMaker, properties: dict[str, str], message: str
 ) -> None:
     with pytest.raises(capacity.CapacityError, match=message):
-        run(sagemaker, event("Create", properties))
+        run(stubbed_sagemaker, event("Create", properties))
 
-    assert sagemaker.calls == []
+    assert stubbed_sagemaker.calls == []
 
 
 def test_wait_is_bounded_by_the_lambda_time_left() -> None:

@@ -20,7 +20,7 @@ from capacity_fixtures import ACCOUNT, REGION
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCapacity, ReservePlanCapacity
 from training_constructs.nag import apply_nag
-from training_constructs.training_plan import PLAN_ACTIONS, TrainingPlanReservation
+from training_constructs.training_plan import PLAN_ACTIONS, TrainingPlanReservation, TrainingPlanReservationProps
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -53,7 +53,9 @@ class Synth:
             apply_nag(self.app)
         self.stack = cdk.Stack(self.app, "PlanTest", env=cdk.Environment(account=ACCOUNT, region=REGION))
         key = cdk.aws_kms.Key(self.stack, "LogKey", enable_key_rotation=True)
-        self.plan = TrainingPlanReservation(self.stack, "Plan", env_config=env_config, log_key=key)
+        self.plan = TrainingPlanReservation(
+            self.stack, "Plan", props=TrainingPlanReservationProps(environment=env_config, log_key=key)
+        )
         assembly = self.app.synth()  # raises when cdk-nag reports an unacknowledged finding
         self.outdir = Path(assembly.directory)
         self.template = Template.from_stack(self.stack)
@@ -120,6 +122,21 @@ def test_reserve_custom_resource_carries_the_reservation_inputs(reserve: Synth) 
     assert custom is not None
     assert reserve.resolve(reserve.plan.plan_arn) == {
         "Fn::GetAtt": [reserve.stack.get_logical_id(custom.node.default_child), "PlanArn"]  # type: ignore[arg-type]
+    }
+
+
+def test_plan_actions_are_the_sagemaker_operations_btk_capacity_calls() -> None:
+    """The handler's policy grants what the bundled ``btk/capacity.py`` calls, and nothing else."""
+    import re
+
+    source = Path(capacity.__file__).read_text()
+    operations = set(re.findall(r'_call\(client, "(\w+)"', source)) | set(re.findall(r"client\.(\w+)\(", source))
+    called = {"sagemaker:" + "".join(part.capitalize() for part in name.split("_")) for name in operations}
+    assert called == set(PLAN_ACTIONS) == {
+        "sagemaker:SearchTrainingPlanOfferings",
+        "sagemaker:CreateTrainingPlan",
+        "sagemaker:DescribeTrainingPlan",
+        "sagemaker:ListTrainingPlans",
     }
 
 
@@ -241,7 +258,11 @@ def test_network_az_mismatch_fails_synth_with_one_line() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
     with pytest.raises(ValueError) as raised:
         TrainingPlanReservation(
-            stack, "Plan", env_config=environment(RESERVE), log_key=log_key(stack), availability_zone="us-east-1b"
+            stack,
+            "Plan",
+            props=TrainingPlanReservationProps(
+                environment=environment(RESERVE), log_key=log_key(stack), availability_zone="us-east-1b"
+            ),
         )
     message = str(raised.value)
     assert "\n" not in message
@@ -254,7 +275,11 @@ def test_reserving_fewer_instances_than_a_job_uses_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
     with pytest.raises(ValueError, match=r"capacity.instance_count 2 is less than instance_count 4: reserve at least"):
         TrainingPlanReservation(
-            stack, "Plan", env_config=environment(RESERVE, instance_count=4), log_key=log_key(stack)
+            stack,
+            "Plan",
+            props=TrainingPlanReservationProps(
+                environment=environment(RESERVE, instance_count=4), log_key=log_key(stack)
+            ),
         )
 
 
@@ -262,14 +287,20 @@ def test_an_instance_type_not_sold_as_a_plan_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
     with pytest.raises(ValueError, match=r"instance_type ml.g5.48xlarge is not sold as a training plan"):
         TrainingPlanReservation(
-            stack, "Plan", env_config=environment(EXISTING, instance_type="ml.g5.48xlarge"), log_key=log_key(stack)
+            stack,
+            "Plan",
+            props=TrainingPlanReservationProps(
+                environment=environment(EXISTING, instance_type="ml.g5.48xlarge"), log_key=log_key(stack)
+            ),
         )
 
 
 def test_stack_in_another_region_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region="us-west-2"))
     with pytest.raises(ValueError, match=r"stack region us-west-2 is not region us-east-1"):
-        TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING), log_key=log_key(stack))
+        TrainingPlanReservation(
+            stack, "Plan", props=TrainingPlanReservationProps(environment=environment(EXISTING), log_key=log_key(stack))
+        )
 
 
 def test_wait_timeout_beyond_the_lambda_limit_fails_synth() -> None:
@@ -278,18 +309,24 @@ def test_wait_timeout_beyond_the_lambda_limit_fails_synth() -> None:
         TrainingPlanReservation(
             stack,
             "Plan",
-            env_config=environment(RESERVE),
-            log_key=log_key(stack),
-            wait_timeout=cdk.Duration.minutes(15),
+            props=TrainingPlanReservationProps(
+                environment=environment(RESERVE), log_key=log_key(stack), wait_timeout=cdk.Duration.minutes(15)
+            ),
         )
 
 
 def test_grant_describe_scopes_to_the_plan() -> None:
     stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account=ACCOUNT, region=REGION))
     on_demand = TrainingPlanReservation(
-        stack, "OnDemand", env_config=environment(OnDemandCapacity()), log_key=log_key(stack)
+        stack,
+        "OnDemand",
+        props=TrainingPlanReservationProps(environment=environment(OnDemandCapacity()), log_key=log_key(stack)),
     )
-    plan = TrainingPlanReservation(stack, "Plan", env_config=environment(EXISTING), log_key=log_key(stack, "Key2"))
+    plan = TrainingPlanReservation(
+        stack,
+        "Plan",
+        props=TrainingPlanReservationProps(environment=environment(EXISTING), log_key=log_key(stack, "Key2")),
+    )
     role = cdk.aws_iam.Role(stack, "Jobs", assumed_by=cdk.aws_iam.ServicePrincipal("sagemaker.amazonaws.com"))
     assert on_demand.grant_describe(role) is None
     assert plan.grant_describe(role) is not None
@@ -313,13 +350,17 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
     from aws_cdk import aws_s3 as s3
 
     from btk.environment import DataStageConfig
-    from training_constructs.pipeline import PipelineResources, TrainingPipelines
+    from stacks.training_stack import planned_profiles
+    from training_constructs.data_stage import DatasetsLocation
+    from training_constructs.pipeline import PipelineResources, TrainingPipelines, TrainingPipelinesProps
     from training_constructs.pipeline_definition import PARAM_TRAINING_PLAN_ARN
 
     env_config = environment(RESERVE, profiles=("llama3.2-1b",), data_stage=DataStageConfig(mode="s3"))
     stack = cdk.Stack(cdk.App(), "Wired", env=cdk.Environment(account=ACCOUNT, region=REGION))
     key = kms.Key(stack, "Key")
-    plan = TrainingPlanReservation(stack, "TrainingPlan", env_config=env_config, log_key=key)
+    plan = TrainingPlanReservation(
+        stack, "TrainingPlan", props=TrainingPlanReservationProps(environment=env_config, log_key=key)
+    )
     vpc = ec2.Vpc(
         stack,
         "Vpc",
@@ -333,11 +374,20 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
         key=key,
         subnets=vpc.isolated_subnets,
         security_groups=[ec2.SecurityGroup(stack, "Sg", vpc=vpc)],
-        datasets_bucket=s3.Bucket(stack, "Datasets"),
+        datasets=DatasetsLocation(bucket=s3.Bucket(stack, "Datasets"), key=key),
         checkpoints_bucket=s3.Bucket(stack, "Checkpoints"),
         artifacts_bucket=s3.Bucket(stack, "Artifacts"),
     )
-    TrainingPipelines(stack, "Pipelines", env_config, resources=resources, training_plan_arn=plan.plan_arn)
+    TrainingPipelines(
+        stack,
+        "Pipelines",
+        props=TrainingPipelinesProps(
+            environment=env_config,
+            profiles=planned_profiles(env_config),
+            resources=resources,
+            training_plan_arn=plan.plan_arn,
+        ),
+    )
 
     template = Template.from_stack(stack).to_json()
     custom_id = stack.get_logical_id(plan.custom_resource.node.default_child)  # type: ignore[union-attr,arg-type]

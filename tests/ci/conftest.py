@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("AWS_REGION", "us-east-1")

@@ -9,12 +9,23 @@ import sys
 from typing import Any
 
 import pytest
-from infra_fixtures import REPO
+from pydantic import ValidationError
+from stack_synth import REPO
 
 import environments
 from app import load_environment, validate_environment
+from btk.environment import (
+    LOG_RETENTION_DAYS,
+    TRAINING_PLAN_MAX_HOURS,
+    DataStageConfig,
+    ReservePlanCapacity,
+    is_sellable_plan_duration,
+    validate_fsx_storage_capacity,
+    validate_fsx_throughput,
+)
 from btk.errors import BtkError
 from training_constructs.data_stage import validate_fsx_settings
+from training_constructs.retention import RETENTION_DAYS
 
 
 def _raise_message(context: dict[str, Any]) -> str:
@@ -103,6 +114,58 @@ def test_fsx_settings_accepted(capacity: int, throughput: int) -> None:
 def test_fsx_settings_rejected(capacity: int, throughput: int, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^data_stage\.{field}: "):
         validate_fsx_settings(capacity, throughput)
+
+
+@pytest.mark.parametrize(("capacity", "throughput"), [(1300, 250), (3600, 250), (0, 250), (-2400, 250),
+                                                    (1200, 300), (2400, 200), (1200, 0)])
+def test_fsx_rule_rejects_the_same_values_in_the_config_and_the_construct(capacity: int, throughput: int) -> None:
+    """Both levels call the same validators, so they reject the same values with the same words."""
+    with pytest.raises(ValueError) as rule:
+        validate_fsx_storage_capacity(capacity)
+        validate_fsx_throughput(throughput)
+    with pytest.raises(ValidationError) as config:
+        DataStageConfig(fsx_storage_capacity_gib=capacity, fsx_throughput_per_tib=throughput)
+    with pytest.raises(ValueError) as construct:
+        validate_fsx_settings(capacity, throughput)
+    assert str(rule.value) in str(config.value)
+    assert str(construct.value).endswith(str(rule.value))
+
+
+def test_every_accepted_log_retention_has_a_cdk_member() -> None:
+    """The config's list is the map's keys; a value outside it fails before any construct."""
+    assert tuple(RETENTION_DAYS) == LOG_RETENTION_DAYS
+    values = environments.DEV.model_dump()
+    for days in (2, 0, 9999):
+        with pytest.raises(BtkError, match=rf"log_retention_days: {days} is not a CloudWatch Logs retention"):
+            validate_environment("dev", {**values, "log_retention_days": days})
+
+
+def test_each_retention_member_synthesizes_its_days() -> None:
+    """The map pairs each number with the CDK member that CloudFormation receives as that number."""
+    from aws_cdk import App, Stack
+    from aws_cdk import aws_logs as logs
+    from aws_cdk.assertions import Template
+
+    stack = Stack(App(), "Retention")
+    groups = {days: logs.LogGroup(stack, f"Group{days}", retention=member) for days, member in RETENTION_DAYS.items()}
+    template = Template.from_stack(stack).to_json()["Resources"]
+    for days, group in groups.items():
+        logical_id = stack.get_logical_id(group.node.default_child)  # type: ignore[arg-type]
+        assert template[logical_id]["Properties"]["RetentionInDays"] == days
+
+
+@pytest.mark.parametrize("hours", [0, 23, 24, 30, 25 * 24 + 1, TRAINING_PLAN_MAX_HOURS, TRAINING_PLAN_MAX_HOURS + 24])
+def test_training_plan_duration_rule_is_the_configs(hours: int) -> None:
+    """``btk capacity search --duration-hours`` and ``capacity.duration_hours`` ask the same function."""
+    reserve = {"start_after": "2026-03-02T00:00:00Z", "instance_count": 2, "max_upfront_fee": 1.0,
+               "purchase_approved": True}
+    try:
+        ReservePlanCapacity.model_validate({**reserve, "duration_hours": hours})
+    except ValidationError:
+        accepted = False
+    else:
+        accepted = True
+    assert accepted == is_sellable_plan_duration(hours) == (hours in (24, TRAINING_PLAN_MAX_HOURS))
 
 
 def _run_app(context: dict[str, Any]) -> subprocess.CompletedProcess[str]:

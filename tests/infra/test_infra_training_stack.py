@@ -14,7 +14,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
-from infra_fixtures import REPO, Synth
+from stack_synth import REPO, Synth
 
 import environments
 from btk.environment import DataStageConfig

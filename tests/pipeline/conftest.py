@@ -1,10 +1,7 @@
-"""Make the repository root importable (``environments``, ``training_constructs``) for these tests."""
+"""Fixtures for the pipelines of the real TrainingStack: the same synths as tests/infra."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from stack_synth import synth, synths
 
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+__all__ = ["synth", "synths"]

@@ -27,9 +27,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
 
 from btk.environment import EnvironmentConfig
+from stacks.training_stack import planned_profiles
+from training_constructs.data_stage import DatasetsLocation
+from training_constructs.locations import FileSystemLocation
 from training_constructs.nag import apply_nag
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
-from training_constructs.pipeline import FileSystemLocation, PipelineResources, TrainingPipelines
+from training_constructs.pipeline import PipelineResources, TrainingPipelines, TrainingPipelinesProps
 
 # The shared fake values, read by the pipeline tests as fx.<NAME>.
 ACCOUNT = cfn_fakes.ACCOUNT
@@ -103,7 +106,7 @@ class PipelineTestStack(Stack):
             key=self.key,
             subnets=vpc.isolated_subnets,
             security_groups=[group],
-            datasets_bucket=buckets["Datasets"],
+            datasets=DatasetsLocation(bucket=buckets["Datasets"], key=self.key),
             checkpoints_bucket=buckets["Checkpoints"],
             artifacts_bucket=buckets["Artifacts"],
             file_system=location,
@@ -111,10 +114,13 @@ class PipelineTestStack(Stack):
         self.pipelines = TrainingPipelines(
             self,
             "Pipelines",
-            env_config,
-            resources=self.resources,
-            training_plan_arn=training_plan_arn,
-            data_preparation=data_preparation,
+            props=TrainingPipelinesProps(
+                environment=env_config,
+                profiles=planned_profiles(env_config),
+                resources=self.resources,
+                training_plan_arn=training_plan_arn,
+                data_preparation=data_preparation,
+            ),
         )
         self.observability = TrainingObservability(
             self,

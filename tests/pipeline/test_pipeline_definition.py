@@ -13,16 +13,15 @@ import environments
 from btk.catalog import get_profile
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
+from btk.naming import environment_prefix, job_name_prefix, pipeline_name
+from training_constructs.locations import FileSystemLocation
 from training_constructs.pipeline_definition import (
     NCCL_ENVIRONMENT,
     STEP_TRAIN,
     STEP_TRAIN_ON_PLAN,
-    FsxTrainingData,
     PipelineSpec,
     S3TrainingData,
     build_pipeline_definition,
-    job_name_prefix,
-    pipeline_name,
 )
 
 KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -39,7 +38,7 @@ def _spec(**changes: Any) -> PipelineSpec:
         kms_key_arn=KEY,
         subnet_ids=["subnet-0a1b2c3d4e5f60718"],
         security_group_ids=["sg-0a1b2c3d4e5f60718"],
-        train_data=FsxTrainingData("fs-0123456789abcdef0", "abcd1234", "/datasets"),
+        train_data=FileSystemLocation("fs-0123456789abcdef0", "abcd1234", "/datasets"),
         checkpoint_s3_uri="s3://checkpoints-bucket/checkpoints",
         output_s3_uri="s3://artifacts-bucket/models",
     )
@@ -62,6 +61,14 @@ def test_names_are_sanitised_for_sagemaker() -> None:
     assert len(job_name_prefix("staging-eu-west-1-big", "a-very-long-profile-name-for-testing")) <= 40
 
 
+@pytest.mark.parametrize(("env_name", "profile"), [("dev", "llama3.2-1b"), ("staging", "qwen2.5_32b"), ("prod", "x")])
+def test_every_name_of_an_environment_starts_with_its_prefix(env_name: str, profile: str) -> None:
+    """The pipeline role's job ARNs, the failure rules and the log query all match on this prefix."""
+    assert environment_prefix(env_name) == f"btk-{env_name}-"
+    assert pipeline_name(env_name, profile).startswith(environment_prefix(env_name))
+    assert job_name_prefix(env_name, profile).startswith(environment_prefix(env_name))
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -70,7 +77,7 @@ def test_names_are_sanitised_for_sagemaker() -> None:
         ({"checkpoint_s3_uri": "/tmp/ckpt"}, "checkpoint_s3_uri '/tmp/ckpt' must be an s3:// URI"),
         ({"image_uri": ""}, "pipeline image_uri is empty"),
         ({"subnet_ids": []}, "needs subnet_ids and security_group_ids"),
-        ({"train_data": S3TrainingData("s3://b/datasets/")}, "uses data_stage.mode=fsx: pass FsxTrainingData"),
+        ({"train_data": S3TrainingData("s3://b/datasets/")}, "uses data_stage.mode=fsx: pass FileSystemLocation"),
         ({"training_plan_arn": "my-plan"}, "is not a training plan ARN"),
     ],
 )

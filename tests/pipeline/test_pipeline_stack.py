@@ -13,11 +13,13 @@ from botocore.validate import validate_parameters
 
 import environments
 from btk.catalog import get_profile
+from btk.environment import SPOT_WAIT_FACTOR
 from btk.hardware import get_instance_type
 from btk.hyperparameters import from_hyperparameters
 from btk.knobs import knobs_to_hyperparameters
 from btk.metrics import METRICS, format_metric_line
 from btk.planner.search import plan_profile
+from btk.units import SECONDS_PER_HOUR
 from training_constructs.pipeline_definition import (
     NCCL_ENVIRONMENT,
     PARAM_INSTANCE_COUNT,
@@ -176,6 +178,16 @@ def test_spot_env_sets_max_wait_parameter(dev_prepared: dict[str, Any]) -> None:
         assert arguments["StoppingCondition"]["MaxWaitTimeInSeconds"] == {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
         defaults = fx.sample_parameters(definition)
         assert defaults[PARAM_MAX_WAIT_SECONDS] >= defaults[PARAM_MAX_RUNTIME_SECONDS]
+
+
+def test_spot_wait_is_the_environments_longest_job(dev_prepared: dict[str, Any]) -> None:
+    """The pipeline's MaxWait and the checkpoint-expiration rule read one wait factor."""
+    env = environments.DEV
+    assert env.managed_spot
+    for definition in fx.pipelines(dev_prepared).values():
+        defaults = fx.sample_parameters(definition)
+        assert defaults[PARAM_MAX_WAIT_SECONDS] == SPOT_WAIT_FACTOR * defaults[PARAM_MAX_RUNTIME_SECONDS]
+        assert defaults[PARAM_MAX_WAIT_SECONDS] == env.longest_job_hours * SECONDS_PER_HOUR
 
 
 def test_metric_definitions_parse_the_trainers_lines(staging: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from report_fixtures import stubbed_client
 
 
 @pytest.fixture
-def sagemaker() -> Iterator[tuple[Any, Stubber]]:
+def sagemaker_and_stubber() -> Iterator[tuple[Any, Stubber]]:
     """A real botocore SageMaker client wrapped in a Stubber (validates params and responses)."""
     client = stubbed_client()
     with Stubber(client) as stubber:

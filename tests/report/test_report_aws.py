@@ -25,8 +25,8 @@ def throttle(stubber: Stubber, operation: str = "describe_training_job") -> None
     stubber.add_client_error(operation, service_error_code="ThrottlingException", service_message="Rate exceeded")
 
 
-def test_throttling_then_success_backs_off_exponentially(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_throttling_then_success_backs_off_exponentially(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     job = jobs()["J1"]
     throttle(stubber)
     throttle(stubber)
@@ -40,8 +40,8 @@ def test_throttling_then_success_backs_off_exponentially(sagemaker: tuple[Any, S
     assert (reader.calls, reader.throttled) == (3, 2)
 
 
-def test_throttling_that_never_ends_is_one_line_error(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_throttling_that_never_ends_is_one_line_error(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     for _ in range(3):
         throttle(stubber)
     sleeps: list[float] = []
@@ -55,8 +55,8 @@ def test_throttling_that_never_ends_is_one_line_error(sagemaker: tuple[Any, Stub
     assert sleeps == [10.0, 15.0]  # 10, then 20 capped at 15
 
 
-def test_access_denied_names_the_missing_permission(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_access_denied_names_the_missing_permission(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     stubber.add_client_error(
         "list_pipeline_executions",
         service_error_code="AccessDeniedException",
@@ -70,8 +70,8 @@ def test_access_denied_names_the_missing_permission(sagemaker: tuple[Any, Stubbe
     assert message.startswith("AWS denied sagemaker:ListPipelineExecutions (AccessDeniedException): grant the caller")
 
 
-def test_access_denied_on_search_also_stops_the_report(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_access_denied_on_search_also_stops_the_report(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     for profile in PROFILES:
         stubber.add_response(
             "list_pipeline_executions",
@@ -89,8 +89,8 @@ def test_access_denied_on_search_also_stops_the_report(sagemaker: tuple[Any, Stu
         collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE)
 
 
-def test_other_service_errors_are_one_line_with_the_code(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_other_service_errors_are_one_line_with_the_code(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     stubber.add_client_error(
         "describe_training_job",
         service_error_code="ValidationException",
@@ -104,8 +104,8 @@ def test_other_service_errors_are_one_line_with_the_code(sagemaker: tuple[Any, S
     )
 
 
-def test_missing_resource_is_its_own_error(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_missing_resource_is_its_own_error(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     stubber.add_client_error("describe_training_plan", service_error_code="ResourceNotFound", service_message="gone")
     with pytest.raises(ResourceMissingError):
         SageMakerReader(client, sleep=lambda _: None).call("describe_training_plan", TrainingPlanName="x")
@@ -120,8 +120,8 @@ def test_no_credentials_is_one_line() -> None:
         SageMakerReader(NoCredentialsClient()).call("describe_training_job", TrainingJobName="x")
 
 
-def test_job_listed_by_pipeline_but_gone_is_skipped_with_a_note(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_job_listed_by_pipeline_but_gone_is_skipped_with_a_note(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     job = jobs()["J1"]
     arn = "arn:aws:sagemaker:us-east-1:123456789012:pipeline/btk-dev-llama3-2-1b/execution/e1"
     stubber.add_response(

@@ -28,9 +28,9 @@ from btk.report.schema import Report
 
 
 def make_report(
-    sagemaker: tuple[Any, Stubber], predictor: FakePredictor | None = None
+    sagemaker_and_stubber: tuple[Any, Stubber], predictor: FakePredictor | None = None
 ) -> tuple[Report, list[float], SageMakerReader]:
-    client, stubber = sagemaker
+    client, stubber = sagemaker_and_stubber
     queue_history(stubber)
     sleeps: list[float] = []
     reader = SageMakerReader(client, sleep=sleeps.append)
@@ -52,8 +52,10 @@ def runs_by_suffix(report: Report) -> dict[str, Any]:
     return {run.name.rsplit("-", 1)[-1].upper(): run for run in report.runs}
 
 
-def test_discovery_merges_pipelines_and_tags_and_survives_throttling(sagemaker: tuple[Any, Stubber]) -> None:
-    report, sleeps, reader = make_report(sagemaker)
+def test_discovery_merges_pipelines_and_tags_and_survives_throttling(
+    sagemaker_and_stubber: tuple[Any, Stubber],
+) -> None:
+    report, sleeps, reader = make_report(sagemaker_and_stubber)
     # 3 pages of executions + 5 step lists + 1 deleted pipeline + 3 search calls (one throttled)
     # + 11 describes + 1 plan = 24 calls; one throttled call retried after base_delay (1 s).
     assert reader.calls == 24
@@ -72,8 +74,8 @@ def test_discovery_merges_pipelines_and_tags_and_survives_throttling(sagemaker: 
     assert runs["J11"].profile == "llama3.2-3b"  # from the btk:profile tag: no job.profile hyperparameter
 
 
-def test_outcomes_and_failure_causes(sagemaker: tuple[Any, Stubber]) -> None:
-    report, _, _ = make_report(sagemaker)
+def test_outcomes_and_failure_causes(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    report, _, _ = make_report(sagemaker_and_stubber)
     runs = runs_by_suffix(report)
     assert {key: (run.outcome, run.failure_cause) for key, run in runs.items()} == {
         "J1": ("success", None),
@@ -95,8 +97,8 @@ def test_outcomes_and_failure_causes(sagemaker: tuple[Any, Stubber]) -> None:
     assert runs["J3"].failure_reason == "AlgorithmError: ExecuteUserScriptError:"  # first line only
 
 
-def test_per_run_figures(sagemaker: tuple[Any, Stubber]) -> None:
-    report, _, _ = make_report(sagemaker)
+def test_per_run_figures(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    report, _, _ = make_report(sagemaker_and_stubber)
     runs = runs_by_suffix(report)
     # J1: on demand, 7200 s billable on 1 x 8 GPUs: 7200*1*8/3600 = 16 GPU-h; 113.93*1*7200/3600 = 227.86 USD.
     assert (runs["J1"].billable_gpu_hours, runs["J1"].cost_usd, runs["J1"].capacity) == (16.0, 227.86, "on_demand")
@@ -152,9 +154,9 @@ def test_per_run_figures(sagemaker: tuple[Any, Stubber]) -> None:
     assert any(note.startswith("no knobs in the hyperparameters") for note in runs["J11"].notes)
 
 
-def test_predictor_receives_the_knobs_each_run_used(sagemaker: tuple[Any, Stubber]) -> None:
+def test_predictor_receives_the_knobs_each_run_used(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
     predictor = FakePredictor()
-    report, _, _ = make_report(sagemaker, predictor)
+    report, _, _ = make_report(sagemaker_and_stubber, predictor)
     asked = {(profile, instance, nodes, knobs) for profile, instance, nodes, knobs, _ in predictor.calls}
     assert asked == {
         ("llama3.2-1b", INSTANCE, 1, KNOBS_1B),
@@ -167,8 +169,8 @@ def test_predictor_receives_the_knobs_each_run_used(sagemaker: tuple[Any, Stubbe
     assert runs_by_suffix(report)["J3"].knobs == KNOBS_1B_OOM.model_dump(mode="json")
 
 
-def test_profile_summaries(sagemaker: tuple[Any, Stubber]) -> None:
-    report, _, _ = make_report(sagemaker)
+def test_profile_summaries(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    report, _, _ = make_report(sagemaker_and_stubber)
     one_b = report.by_profile["llama3.2-1b"]
     # runs J1..J5: 2 ok, 2 failed, 0 stopped, 1 running; failure rate 2 / (2 + 2 + 0) = 0.5
     assert (one_b.runs, one_b.successes, one_b.failed, one_b.stopped, one_b.running) == (5, 2, 2, 0, 1)
@@ -222,8 +224,8 @@ def test_profile_summaries(sagemaker: tuple[Any, Stubber]) -> None:
     assert (three_b.achieved_mfu_mean, three_b.predicted_mfu_mean, three_b.mfu_error_pct_mean) == (0.421, 0.4533, -7.22)
 
 
-def test_overall_summary_and_training_plan(sagemaker: tuple[Any, Stubber]) -> None:
-    report, _, _ = make_report(sagemaker)
+def test_overall_summary_and_training_plan(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    report, _, _ = make_report(sagemaker_and_stubber)
     overall = report.overall
     # 11 runs: 4 ok, 5 failed, 1 stopped, 1 running; failure rate 5 / 10 = 0.5
     assert (overall.runs, overall.successes, overall.failed, overall.stopped, overall.running) == (11, 4, 5, 1, 1)
@@ -260,8 +262,8 @@ def test_overall_summary_and_training_plan(sagemaker: tuple[Any, Stubber]) -> No
     assert (plan.used_instance_hours, plan.apportioned_fee, plan.utilisation) == (20.0, 2000.0, 0.4167)
 
 
-def test_profile_filter_keeps_only_that_profile(sagemaker: tuple[Any, Stubber]) -> None:
-    client, stubber = sagemaker
+def test_profile_filter_keeps_only_that_profile(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    client, stubber = sagemaker_and_stubber
     queue_history(stubber)
     collection = collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE)
     report = build_report(
@@ -280,11 +282,11 @@ def test_profile_filter_keeps_only_that_profile(sagemaker: tuple[Any, Stubber]) 
 
 
 @pytest.mark.parametrize("since_days, expected", [(30, 11), (5, 3)])
-def test_window_drops_older_jobs(sagemaker: tuple[Any, Stubber], since_days: int, expected: int) -> None:
+def test_window_drops_older_jobs(sagemaker_and_stubber: tuple[Any, Stubber], since_days: int, expected: int) -> None:
     """Jobs older than --since are dropped even if a source returned them."""
     from datetime import timedelta
 
-    client, stubber = sagemaker
+    client, stubber = sagemaker_and_stubber
     queue_history(stubber)
     collection = collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES, since=SINCE)
     report = build_report(

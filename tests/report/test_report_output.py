@@ -101,8 +101,8 @@ def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["report", *argv])
 
 
-def test_cli_json_for_one_profile(sagemaker: tuple[Any, Stubber], tmp_path: Path) -> None:
-    client, stubber = sagemaker
+def test_cli_json_for_one_profile(sagemaker_and_stubber: tuple[Any, Stubber], tmp_path: Path) -> None:
+    client, stubber = sagemaker_and_stubber
     queue_profile_history(stubber)
     out, err = io.StringIO(), io.StringIO()
     args = parse("--env", "dev", "--profile", "llama3.2-1b", "--format", "json", "--plot", str(tmp_path))
@@ -130,9 +130,9 @@ def aws_report(args: argparse.Namespace, client: Any, out: io.StringIO, err: io.
 
 
 def test_cli_access_denied_is_one_line_and_exit_2(
-    monkeypatch: pytest.MonkeyPatch, sagemaker: tuple[Any, Stubber], capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, sagemaker_and_stubber: tuple[Any, Stubber], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    client, stubber = sagemaker
+    client, stubber = sagemaker_and_stubber
     stubber.add_client_error(
         "list_pipeline_executions",
         service_error_code="AccessDeniedException",

@@ -1,22 +1,24 @@
-"""Helpers for the infrastructure tests: synthesize an environment and read its template."""
+"""Synthesize an environment's TrainingStack exactly as app.py does, once per test session.
+
+The infrastructure tests (tests/infra) and the pipeline tests of the real stack
+(tests/pipeline) read the same synthesized templates: each environment is synthesized once
+per process, whichever folder asks first.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-# stacks/ and training_constructs/ live at the repository root next to app.py.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 
+REPO = Path(__file__).resolve().parents[1]
 ENV_NAMES = ("dev", "staging", "prod")
 
 
@@ -48,3 +50,21 @@ def synthesize(env_name: str, outdir: Path) -> Synth:
     stack = app.node.find_child("TrainingStack")
     template = json.loads((outdir / f"{stack.artifact_id}.template.json").read_text())
     return Synth(env_name, app, stack, outdir, template)
+
+
+_SYNTHESIZED: dict[str, Synth] = {}
+
+
+@pytest.fixture(scope="session")
+def synths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synth]:
+    """Every environment, synthesized on first use and shared by every folder that imports this fixture."""
+    for name in ENV_NAMES:
+        if name not in _SYNTHESIZED:
+            _SYNTHESIZED[name] = synthesize(name, tmp_path_factory.mktemp(f"cdk-{name}"))
+    return dict(_SYNTHESIZED)
+
+
+@pytest.fixture(params=ENV_NAMES)
+def synth(request: pytest.FixtureRequest, synths: dict[str, Synth]) -> Synth:
+    """Each environment in turn."""
+    return synths[request.param]

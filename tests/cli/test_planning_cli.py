@@ -35,7 +35,7 @@ def test_plan_json_matches_planner(capsys: pytest.CaptureFixture[str]) -> None:
     from btk.hardware import get_instance_type
     from btk.planner.search import plan_profile
 
-    code, out, _ = run(capsys, "plan", "llama3.2-3b", "--json")
+    code, out, _ = run(capsys, "plan", "llama3.2-3b", "--format", "json")
     assert code == 0
     data = json.loads(out)
     expected = plan_profile(get_profile("llama3.2-3b"), get_instance_type("ml.p6-b200.48xlarge"), 1)
@@ -51,7 +51,7 @@ def test_plan_text_shows_baseline_and_reasons(capsys: pytest.CaptureFixture[str]
 
 
 def test_plan_env_plans_every_profile(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "plan", "--env", "staging", "--json")
+    code, out, _ = run(capsys, "plan", "--env", "staging", "--format", "json")
     assert code == 0
     assert [p["profile"] for p in json.loads(out)] == ["llama3.2-1b", "llama3.2-3b", "llama3.1-8b"]
 
@@ -76,7 +76,8 @@ def test_estimate_applies_settings(capsys: pytest.CaptureFixture[str]) -> None:
         "activation_checkpointing=selective",
         "--set",
         "precision=fp8_tensorwise",
-        "--json",
+        "--format",
+        "json",
     )
     assert code == 0
     data = json.loads(out)
@@ -90,7 +91,9 @@ def test_estimate_warns_when_it_does_not_fit(capsys: pytest.CaptureFixture[str])
 
 
 def test_compare_answers_the_migration_question(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", "ml.p5.48xlarge,ml.p6-b200.48xlarge", "--json")
+    code, out, _ = run(
+        capsys, "compare", "llama3.1-8b", "--instances", "ml.p5.48xlarge,ml.p6-b200.48xlarge", "--format", "json"
+    )
     assert code == 0
     rows = {row["instance_type"]: row for row in json.loads(out)["instances"]}
     b200, h100 = rows["ml.p6-b200.48xlarge"], rows["ml.p5.48xlarge"]
@@ -138,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
 
 def test_console_script_does_not_import_cdk_torch_boto3_or_sagemaker() -> None:
     code = (
-        "import sys; from btk.cli import main; main(['plan', 'llama3.1-8b', '--json']); "
+        "import sys; from btk.cli import main; main(['plan', 'llama3.1-8b', '--format', 'json']); "
         "heavy = [m for m in ('aws_cdk', 'torch', 'boto3', 'sagemaker', 'matplotlib') if m in sys.modules]; "
         "sys.stderr.write(repr(heavy))"
     )
@@ -158,7 +161,10 @@ def test_an_invalid_user_profile_is_one_line_naming_the_field(tmp_path: Path) ->
         "PROFILES = (BAD,)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "btk.cli", "profiles"], capture_output=True, text=True, cwd=tmp_path,
+        [sys.executable, "-m", "btk.cli", "profiles"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 2

@@ -1,0 +1,79 @@
+"""One output flag on every command: ``--format`` (table by default, json everywhere) and ``--json`` as its alias."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+
+from btk.cli import build_parser, main
+
+
+def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every runnable command, as the words that name it (``("capacity", "show")``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from leaf_commands(sub, (*path, name))
+            return
+    yield path
+
+
+def subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
+    parser = build_parser()
+    for word in words:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[word]
+    return parser
+
+
+COMMANDS = sorted(leaf_commands(build_parser()))
+
+
+def test_every_command_is_covered() -> None:
+    assert COMMANDS == [
+        ("capacity", "search"),
+        ("capacity", "show"),
+        ("compare",),
+        ("estimate",),
+        ("plan",),
+        ("profiles",),
+        ("report",),
+    ]
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_format_defaults_to_table_and_json_is_its_alias(words: tuple[str, ...]) -> None:
+    parser = subparser(words)
+    options = {option: action for action in parser._actions for option in action.option_strings}
+    assert {"table", "json"} <= set(options["--format"].choices or ())
+    assert options["--format"].dest == options["--json"].dest == "output_format"
+    assert parser.get_default("output_format") == "table"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profiles"],
+        ["plan", "llama3.2-1b"],
+        ["estimate", "llama3.2-1b"],
+        ["compare", "llama3.2-1b", "--instances", "ml.p5.48xlarge"],
+        ["capacity", "show", "--env", "dev"],
+    ],
+    ids=lambda argv: argv[0] if argv[0] != "capacity" else "capacity show",
+)
+def test_json_prints_exactly_what_format_json_prints(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert main([*argv, "--format", "json"]) == 0
+    spelled_out = capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    assert capsys.readouterr().out == spelled_out
+    assert spelled_out.lstrip().startswith(("{", "["))
+
+
+def test_format_and_json_together_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "llama3.2-1b", "--format", "json", "--json"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not allowed with argument" in err

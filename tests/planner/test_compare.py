@@ -1,0 +1,63 @@
+"""``btk compare``'s typed rows and their table: fits, does-not-fit, and the documented JSON row."""
+
+from __future__ import annotations
+
+import pytest
+
+from btk.catalog import get_profile
+from btk.hardware import get_instance_type
+from btk.planner.compare import compare_instance, compare_instances
+from btk.planner.render import render_compare
+from btk.planner.search import plan_profile
+
+FITTING_KEYS = [
+    "instance_type",
+    "fits",
+    "knobs",
+    "tokens_per_second_per_gpu",
+    "tokens_per_second_per_node",
+    "mfu",
+    "usd_per_billion_tokens",
+    "memory_gib",
+    "longest_seq_len_one_node",
+]
+
+
+def test_a_fitting_row_carries_the_plan_rounded_as_documented() -> None:
+    profile, instance = get_profile("llama3.1-8b"), get_instance_type("ml.p6-b200.48xlarge")
+    row = compare_instance(profile, instance, 1)
+    plan = plan_profile(profile, instance, 1)
+    assert row.fits and row.planned is not None and row.reason is None
+    assert row.planned.knobs == plan.knobs
+    document = row.to_json()
+    assert list(document) == FITTING_KEYS
+    assert document["knobs"] == plan.knobs.model_dump()
+    assert document["tokens_per_second_per_gpu"] == round(plan.evaluation.estimate.tokens_per_second_per_gpu, 1)
+    assert document["tokens_per_second_per_node"] == pytest.approx(
+        plan.evaluation.estimate.tokens_per_second_per_gpu * instance.gpus_per_node, abs=0.05
+    )
+    assert document["memory_gib"] == round(plan.evaluation.memory.total, 1)
+
+
+def test_a_row_that_does_not_fit_says_why() -> None:
+    row = compare_instance(get_profile("llama-65b"), get_instance_type("ml.p4de.24xlarge"), 1)
+    assert not row.fits and row.planned is None
+    assert row.to_json() == {
+        "instance_type": "ml.p4de.24xlarge",
+        "fits": False,
+        "reason": row.reason,
+        "longest_seq_len_one_node": 0,
+    }
+    assert row.reason and "GiB" in row.reason
+
+
+def test_the_table_keeps_every_row_in_line_when_one_does_not_fit() -> None:
+    instances = [get_instance_type(name) for name in ("ml.p4de.24xlarge", "ml.p6-b200.48xlarge")]
+    lines = render_compare("llama-65b", 1, compare_instances(get_profile("llama-65b"), instances, 1)).splitlines()
+    assert lines[0] == "llama-65b on 1 node(s) of each instance type"
+    header, rule, missing, fitting = lines[2:]
+    assert set(rule) == {"-"} and len(rule) == len(header)
+    assert missing.split() == ["ml.p4de.24xlarge", "does", "not", "fit", "does", "not", "fit"]
+    column_end = header.index("tok/s/GPU") + len("tok/s/GPU")
+    assert missing[:column_end].endswith("does not fit") and fitting[column_end - 1].isdigit()
+    assert header.endswith("  knobs") and fitting.endswith("full_shard tp=1")
