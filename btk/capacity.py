@@ -12,7 +12,12 @@ rules encoded here:
 - a plan's name is derived from its reservation inputs (:meth:`ReservationRequest.plan_name`),
   so a retry after a timeout finds the plan it already bought instead of buying again;
 - :func:`ensure_reserved_plan` buys only with ``purchase_approved`` and only an offering whose
-  fee is at most ``max_upfront_fee`` and whose capacity lies in the environment's AZ;
+  fee is at most ``max_upfront_fee`` and every one of whose capacity blocks states the
+  environment's AZ (a block that states no AZ cannot be checked, so it is refused);
+- it never buys while the environment already holds a live plan under another name: a
+  reservation window computed from the clock would otherwise name a new plan on every deploy;
+- a plan found by name is verified like a plan given by ARN before it is used;
+- fees are parsed strictly (``1234.5`` or ``1,234.50``): an ambiguous text is no fee;
 - failures are :class:`CapacityError` with one line of text naming the cause and the fix.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,11 +79,23 @@ def parse_iso(value: str, field_name: str) -> datetime:
         raise CapacityError(f"{field_name} {value!r} is not an ISO-8601 time: use e.g. 2026-01-05T00:00:00Z") from None
 
 
+_FEE = re.compile(r"(?:[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+)(?:\.[0-9]+)?")
+"""A fee as the API writes it: digits, optionally grouped by commas in threes, a decimal point."""
+
+
 def parse_fee(value: Any) -> float | None:
-    """The API's ``UpfrontFee`` string as a number; None when absent or not a finite number."""
-    try:
-        fee = float(str(value).replace(",", ""))
-    except (TypeError, ValueError):
+    """The API's ``UpfrontFee`` string as a number; None when absent, not a finite number, or ambiguous.
+
+    Strict on purpose: ``"150.000,50"`` (a decimal comma) must not read as 150.0005 and pass a
+    150,000 ceiling, so only plain decimals and comma-grouped thousands are accepted.
+    """
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        fee = float(value)
+    elif isinstance(value, str) and _FEE.fullmatch(value.strip()):
+        fee = float(value.strip().replace(",", ""))
+    else:
         return None
     return fee if math.isfinite(fee) and fee >= 0 else None
 
@@ -233,6 +251,10 @@ class CapacitySegment:
         )
 
 
+def _any_unstated_zone(segments: Sequence[CapacitySegment]) -> bool:
+    return any(not segment.availability_zone for segment in segments)
+
+
 def _zones(segments: Sequence[CapacitySegment]) -> tuple[str, ...]:
     return tuple(sorted({segment.availability_zone for segment in segments if segment.availability_zone}))
 
@@ -288,8 +310,8 @@ class Offering:
         return min((segment.instance_count for segment in self.segments), default=0)
 
     def in_zone(self, availability_zone: str) -> bool:
-        """True when every capacity block lies in ``availability_zone``."""
-        return self.availability_zones == (availability_zone,)
+        """True when every capacity block states ``availability_zone`` (a block with no AZ cannot be checked)."""
+        return bool(self.segments) and all(s.availability_zone == availability_zone for s in self.segments)
 
     def summary(self) -> str:
         start = iso(self.start_time) if self.start_time else "?"
@@ -438,7 +460,8 @@ def rejection(offering: Offering, request: ReservationRequest, max_upfront_fee: 
         return f"targets {'+'.join(offering.target_resources) or 'nothing'}, not {TARGET_RESOURCE}"
     if not offering.in_zone(request.availability_zone):
         zones = "+".join(offering.availability_zones) or "no AZ"
-        return f"AZ {zones} is not the environment's {request.availability_zone}"
+        unstated = " (a capacity block states no AZ)" if _any_unstated_zone(offering.segments) else ""
+        return f"AZ {zones}{unstated} is not the environment's {request.availability_zone}"
     if any(segment.instance_type != request.instance_type for segment in offering.segments):
         return f"instance type is not {request.instance_type}"
     if offering.instance_count < request.instance_count:
@@ -550,8 +573,9 @@ def plan_problems(
         problems.append(f"targets {'+'.join(plan.target_resources) or 'nothing'}, not {TARGET_RESOURCE}")
     if plan.instance_types != (instance_type,):
         problems.append(f"instance type {'+'.join(plan.instance_types) or 'none'}, not {instance_type}")
-    if plan.availability_zones != (availability_zone,):
-        problems.append(f"AZ {'+'.join(plan.availability_zones) or 'none'}, not {availability_zone}")
+    if plan.availability_zones != (availability_zone,) or _any_unstated_zone(plan.segments):
+        unstated = " (a capacity block states no AZ)" if _any_unstated_zone(plan.segments) else ""
+        problems.append(f"AZ {'+'.join(plan.availability_zones) or 'none'}{unstated}, not {availability_zone}")
     if plan.total_instance_count < instance_count:
         problems.append(f"{plan.total_instance_count} instances < instance_count {instance_count}")
     if plan.status in DEAD_STATUSES:
@@ -621,23 +645,48 @@ def ensure_reserved_plan(
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Reservation:
     """Return the plan for ``request``, buying it at most once.
 
-    1. A plan named ``request.plan_name()`` exists: wait for it and return it (never buy twice).
-    2. Otherwise search, rank, and buy the best offering in the environment's AZ with a fee of at
+    1. A plan named ``request.plan_name()`` exists: wait for it, verify that it serves the
+       request (target, instance type, AZ, count) and return it (never buy twice).
+    2. The environment holds another live plan (not Failed/Expired, not ended): refuse — a
+       second plan for one environment is never bought implicitly.
+    3. Otherwise search, rank, and buy the best offering in the environment's AZ with a fee of at
        most ``max_upfront_fee`` — only when ``purchase_approved``; any other case raises a
        CapacityError listing the offerings.
     """
     name = request.plan_name()
 
-    def wait() -> TrainingPlan:
-        return wait_for_plan(
+    def ready_plan() -> TrainingPlan:
+        plan = wait_for_plan(
             client, name, timeout_seconds=timeout_seconds, poll_seconds=poll_seconds, sleep=sleep, clock=clock
         )
+        problems = plan_problems(
+            plan,
+            instance_type=request.instance_type,
+            availability_zone=request.availability_zone,
+            instance_count=request.instance_count,
+        )
+        if problems:
+            raise CapacityError(
+                f"training plan {plan.name} does not fit the reservation: {'; '.join(problems)}: "
+                "check the plan in the SageMaker console; it is not used"
+            )
+        return plan
 
     if describe_plan(client, name) is not None:
-        return Reservation(plan=wait(), bought=False)
+        return Reservation(plan=ready_plan(), bought=False)
+
+    live = live_environment_plans(client, request.environment, now())
+    if live:
+        held = ", ".join(f"{plan.name} ({plan.status})" for plan in live)
+        raise CapacityError(
+            f"plan {name} not bought: environment {request.environment} already holds {held}; "
+            "capacity.start_after/end_before must be fixed dates (a date computed from the clock names a new "
+            "plan on every deploy); to use a held plan set capacity.mode to existing with its ARN"
+        )
 
     offerings = rank_offerings(search_offerings(client, request), request.availability_zone)
     window = (
@@ -657,4 +706,15 @@ def ensure_reserved_plan(
         )
     best = buyable[0]
     create_plan(client, name, best.offering_id)
-    return Reservation(plan=wait(), bought=True, offering=best)
+    return Reservation(plan=ready_plan(), bought=True, offering=best)
+
+
+def live_environment_plans(client: Any, environment: str, now: datetime) -> list[TrainingPlan]:
+    """The environment's plans (by the exact name rule) that are neither dead nor ended at ``now``."""
+    return [
+        plan
+        for plan in list_plans(client, plan_name_prefix(environment))
+        if is_environment_plan(plan.name, environment)
+        and plan.status not in DEAD_STATUSES
+        and (plan.end_time is None or utc(plan.end_time) > utc(now))
+    ]

@@ -18,7 +18,10 @@ import re
 from dataclasses import dataclass
 
 LINE_PREFIX = "btk_metric"
+LINE_START = r"^(?:\[[A-Za-z0-9_]{1,32}\]:)?"
+"""Start of a metric line: optionally torchrun's per-rank tag (``[rank0]:``, ``[default0]:``)."""
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_FIELD = r"[a-z_]{1,64}=[^ =]{1,64}"
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,13 @@ class Metric:
 
     @property
     def regex(self) -> str:
-        """Regex with one capture group, as SageMaker ``MetricDefinitions`` expects."""
-        return rf"{LINE_PREFIX} .*\b{self.key}={_NUMBER}"
+        """Regex with one capture group, as SageMaker ``MetricDefinitions`` expects.
+
+        Linear on any line: anchored at the line start, and every field before this one is
+        a bounded ``name=value`` token, so no input makes the engine backtrack over the line
+        once per ``btk_metric`` it contains (an unanchored ``.*`` did: quadratic).
+        """
+        return rf"{LINE_START}{LINE_PREFIX}(?: {_FIELD})*? {self.key}={_NUMBER}(?: |$)"
 
 
 METRICS: tuple[Metric, ...] = (
@@ -43,6 +51,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("tflops_per_gpu", "train:tflops_per_gpu", "{:.1f}", "TFLOP/s"),
     Metric("mfu", "train:mfu", "{:.4f}", "fraction"),
     Metric("peak_memory_gib", "train:peak_memory_gib", "{:.2f}", "GiB"),
+    # Steps skipped so far for a NaN/inf loss or gradient norm: a NaN loss prints as "nan",
+    # which no number regex matches, so divergence shows here instead.
+    Metric("nonfinite_steps", "train:nonfinite_steps", "{:d}", "count"),
 )
 METRICS_BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 
@@ -59,6 +70,7 @@ def format_metric_line(
     tflops_per_gpu: float,
     mfu: float,
     peak_memory_gib: float,
+    nonfinite_steps: int = 0,
 ) -> str:
     """Format one metric line (what the trainer prints to stdout)."""
     values: dict[str, float | int] = {
@@ -68,18 +80,23 @@ def format_metric_line(
         "tflops_per_gpu": tflops_per_gpu,
         "mfu": mfu,
         "peak_memory_gib": peak_memory_gib,
+        "nonfinite_steps": nonfinite_steps,
     }
     fields = " ".join(f"{m.key}={m.fmt.format(values[m.key])}" for m in METRICS)
     return f"{LINE_PREFIX} {fields}"
 
 
 def parse_metric_line(line: str) -> dict[str, float] | None:
-    """Parse a line with the same regexes SageMaker uses; ``None`` if it is no metric line."""
-    if not line.startswith(LINE_PREFIX + " "):
+    """Parse a line with exactly the regexes SageMaker uses; ``None`` if it is no metric line."""
+    if not _LINE.match(line):
         return None
     parsed: dict[str, float] = {}
     for metric in METRICS:
-        match = re.search(metric.regex, line)
+        match = _COMPILED[metric.key].search(line)
         if match:
             parsed[metric.key] = float(match.group(1))
     return parsed
+
+
+_LINE = re.compile(rf"{LINE_START}{LINE_PREFIX} ")
+_COMPILED: dict[str, re.Pattern[str]] = {metric.key: re.compile(metric.regex) for metric in METRICS}

@@ -239,4 +239,6 @@ def test_the_module_runs_on_lambda_with_only_the_standard_library_and_boto3() ->
             top_level.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             top_level.add(node.module.split(".")[0])
-    assert top_level <= {"__future__", "hashlib", "math", "time", "collections", "dataclasses", "datetime", "typing"}
+    assert top_level <= {
+        "__future__", "hashlib", "math", "re", "time", "collections", "dataclasses", "datetime", "typing"
+    }

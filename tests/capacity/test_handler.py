@@ -63,10 +63,12 @@ def event(request_type: str, properties: dict[str, str], **extra: Any) -> dict[s
     }
 
 
-def expect_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, name: str = NAME) -> None:
+def expect_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, name: str = NAME, held: list[Any] | None = None) -> None:
+    """No plan of ``name`` yet; the environment holds the plans ``held`` (none by default)."""
     stubbed_sagemaker.stubber.add_client_error(
         "describe_training_plan", expected_params={"TrainingPlanName": name}, **NOT_FOUND
     )
+    stubbed_sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": held or []})
 
 
 def run(stubbed_sagemaker: StubbedSageMaker, evt: dict[str, Any], clock: FakeClock | None = None) -> dict[str, Any]:
@@ -103,6 +105,7 @@ def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(
 
     assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
+        "ListTrainingPlans",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",
@@ -131,7 +134,7 @@ def test_fee_over_the_ceiling_fails_listing_the_offerings_and_buys_nothing(stubb
     assert "within max_upfront_fee 150,000.00" in message
     assert "tpo-dear (180,000.00 USD, us-east-1a" in message and "tpo-dearer" in message
     assert "fee 180,000.00 USD > max_upfront_fee 150,000.00" in message
-    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans", "SearchTrainingPlanOfferings"]
     stubbed_sagemaker.done()
 
 
@@ -145,7 +148,7 @@ def test_without_approval_nothing_is_bought_even_in_range(stubbed_sagemaker: Stu
     with pytest.raises(capacity.CapacityError, match=r"set capacity.purchase_approved to buy; offerings: tpo-fine"):
         run(stubbed_sagemaker, event("Create", unapproved))
 
-    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans", "SearchTrainingPlanOfferings"]
     stubbed_sagemaker.done()
 
 
@@ -161,7 +164,7 @@ def test_offerings_only_in_another_az_are_never_bought(stubbed_sagemaker: Stubbe
 
     assert "no offering in us-east-1a" in str(raised.value)
     assert "AZ us-east-1c is not the environment's us-east-1a" in str(raised.value)
-    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans", "SearchTrainingPlanOfferings"]
     stubbed_sagemaker.done()
 
 
@@ -172,7 +175,7 @@ def test_empty_offering_list_fails_with_the_window(stubbed_sagemaker: StubbedSag
     with pytest.raises(capacity.CapacityError, match=r"no training-plan offerings for 2 x ml.p6-b200.48xlarge, 168 h"):
         run(stubbed_sagemaker, event("Create", RESERVE))
 
-    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "SearchTrainingPlanOfferings"]
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan", "ListTrainingPlans", "SearchTrainingPlanOfferings"]
     stubbed_sagemaker.done()
 
 
@@ -214,6 +217,7 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
     assert stubbed_sagemaker.calls.count("CreateTrainingPlan") == 1
     assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
+        "ListTrainingPlans",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         *["DescribeTrainingPlan"] * 3,
@@ -249,6 +253,7 @@ def test_a_lost_create_response_retried_into_resource_in_use_is_the_plan_bought_
 
     assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
+        "ListTrainingPlans",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",
@@ -267,7 +272,9 @@ def test_resource_in_use_without_a_plan_of_that_name_fails_with_one_line(stubbed
     stubbed_sagemaker.stubber.add_client_error(
         "create_training_plan", service_error_code="ResourceInUse", service_message="offering\nis taken"
     )
-    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_client_error(
+        "describe_training_plan", expected_params={"TrainingPlanName": NAME}, **NOT_FOUND
+    )
 
     with pytest.raises(capacity.CapacityError) as raised:
         run(stubbed_sagemaker, event("Create", RESERVE))
@@ -275,6 +282,7 @@ def test_resource_in_use_without_a_plan_of_that_name_fails_with_one_line(stubbed
     assert str(raised.value) == "CreateTrainingPlan failed: ResourceInUse: offering is taken"
     assert stubbed_sagemaker.calls == [
         "DescribeTrainingPlan",
+        "ListTrainingPlans",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
         "DescribeTrainingPlan",

@@ -12,25 +12,35 @@ from btk.metrics import METRIC_DEFINITIONS, METRICS, format_metric_line, parse_m
 finite = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
 
 
-@given(st.integers(0, 10**9), finite, finite, finite, st.floats(0, 1), finite)
+@given(
+    st.integers(0, 10**9), finite, finite, finite, st.floats(0, 1), finite, st.integers(0, 10**6), st.booleans()
+)
 def test_every_regex_parses_the_printed_value(
-    step: int, loss: float, tps: float, tflops: float, mfu: float, mem: float
+    step: int, loss: float, tps: float, tflops: float, mfu: float, mem: float, nonfinite: int, rank_tag: bool
 ) -> None:
     line = format_metric_line(
-        step=step, loss=loss, tokens_per_second_per_gpu=tps, tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=mem
+        step=step,
+        loss=loss,
+        tokens_per_second_per_gpu=tps,
+        tflops_per_gpu=tflops,
+        mfu=mfu,
+        peak_memory_gib=mem,
+        nonfinite_steps=nonfinite,
     )
+    if rank_tag:  # torchrun's per-rank prefix: SageMaker and our parser must agree on it
+        line = "[rank0]:" + line
     for definition, metric in zip(METRIC_DEFINITIONS, METRICS, strict=True):
         match = re.search(definition["Regex"], line)
         assert match is not None, definition
         printed = metric.fmt.format(
-            step
-            if metric.key == "step"
-            else {
+            {
+                "step": step,
                 "loss": loss,
                 "tokens_per_second_per_gpu": tps,
                 "tflops_per_gpu": tflops,
                 "mfu": mfu,
                 "peak_memory_gib": mem,
+                "nonfinite_steps": nonfinite,
             }[metric.key]
         )
         assert float(match.group(1)) == float(printed)
@@ -48,3 +58,36 @@ def test_metric_definitions_fit_sagemaker_limits() -> None:
     names = [d["Name"] for d in METRIC_DEFINITIONS]
     assert len(names) == len(set(names)) <= 40
     assert all(1 <= len(d["Name"]) <= 255 and 1 <= len(d["Regex"]) <= 500 for d in METRIC_DEFINITIONS)
+
+
+def test_sagemaker_regexes_and_our_parser_agree_on_every_line() -> None:
+    lines = [
+        "btk_metric step=3 loss=2.5",
+        "[rank0]:btk_metric step=3 loss=2.5",
+        "[default1]:btk_metric step=3 loss=2.5",
+        "x btk_metric step=3 loss=2.5",
+        "btk_metric step=3 loss=nan",
+        "btk_metric step=3 loss=2.5abc",
+        "btk_metricstep=3",
+    ]
+    for line in lines:
+        ours = parse_metric_line(line) or {}
+        theirs = {
+            metric.key: float(match.group(1))
+            for metric, definition in zip(METRICS, METRIC_DEFINITIONS, strict=True)
+            if (match := re.search(definition["Regex"], line))
+        }
+        assert ours == theirs, line
+
+
+def test_regexes_cannot_backtrack_over_the_line() -> None:
+    # SageMaker runs these regexes on every log line: an unanchored ".*" made them quadratic
+    # (a 44 kB line of repeated prefixes took seconds). Anchored, with only bounded tokens
+    # before the field, each regex has one start position and no ambiguous repetition.
+    for definition in METRIC_DEFINITIONS:
+        regex = definition["Regex"]
+        assert regex.startswith("^"), regex
+        assert ".*" not in regex and ".+" not in regex, regex
+    hostile = ["btk_metric " * 4000, "x=btk_metric " * 4000, "[rank0]:" * 5000 + "btk_metric step=1"]
+    for line in hostile:
+        assert all(re.search(d["Regex"], line) is None for d in METRIC_DEFINITIONS[1:])

@@ -12,12 +12,13 @@ import pytest
 from botocore.validate import validate_parameters
 
 import environments
-from btk.catalog import get_profile
+from btk.catalog import all_profiles, get_profile
 from btk.environment import SPOT_WAIT_FACTOR
 from btk.hardware import get_instance_type
 from btk.hyperparameters import from_hyperparameters
 from btk.knobs import knobs_to_hyperparameters
 from btk.metrics import METRICS, format_metric_line
+from btk.naming import pipeline_name
 from btk.planner.search import plan_profile
 from btk.units import SECONDS_PER_HOUR
 from training_constructs.pipeline_definition import (
@@ -33,6 +34,8 @@ from training_constructs.pipeline_definition import (
     STEP_TRAIN_ON_PLAN,
 )
 
+# The user's environments with an FSx data stage and an S3 one: names and profiles come from them.
+STAGING, DEV = environments.STAGING, environments.DEV
 PLAN_ARN = f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-plan/btk-test-plan"
 
 
@@ -59,7 +62,7 @@ def _resources(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 def test_one_pipeline_per_profile_named_for_env_and_profile(staging: dict[str, Any]) -> None:
     names = sorted(fx.pipelines(staging))
-    assert names == ["btk-staging-llama3-1-8b", "btk-staging-llama3-2-1b", "btk-staging-llama3-2-3b"]
+    assert names == sorted(pipeline_name(STAGING.name, profile) for profile in STAGING.profiles)
 
 
 @pytest.mark.parametrize("template_name", ["staging", "dev_prepared"])
@@ -84,11 +87,12 @@ def test_hyperparameters_are_the_planners_knobs(template_name: str, request: pyt
 
 
 def test_total_tokens_parameter_feeds_the_hyperparameter(staging: dict[str, Any]) -> None:
-    definition = fx.pipelines(staging)["btk-staging-llama3-1-8b"]
+    profile = STAGING.profiles[-1]
+    definition = fx.pipelines(staging)[pipeline_name(STAGING.name, profile)]
     hyperparameters = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["HyperParameters"]
     assert hyperparameters["train.total_tokens"] == {"Get": f"Parameters.{PARAM_TOTAL_TOKENS}"}
     default = fx.sample_parameters(definition)[PARAM_TOTAL_TOKENS]
-    assert default == str(get_profile("llama3.1-8b").training.total_tokens or "")
+    assert default == str(get_profile(profile).training.total_tokens or "")
     parsed = from_hyperparameters(fx.substitute(hyperparameters, fx.sample_parameters(definition, TotalTokens="5000")))
     assert parsed.training.total_tokens == 5000
 
@@ -110,7 +114,7 @@ def test_fsx_channel_reads_the_data_stage_read_only(staging: dict[str, Any]) -> 
 
 
 def test_s3_mode_streams_the_datasets_prefix_with_fastfile(dev_prepared: dict[str, Any]) -> None:
-    definition = fx.pipelines(dev_prepared)["btk-dev-llama3-2-1b"]
+    definition = fx.pipelines(dev_prepared)[pipeline_name(DEV.name, DEV.profiles[0])]
     arguments = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]
     channel = arguments["InputDataConfig"][0]
     assert channel["InputMode"] == "FastFile"
@@ -192,10 +196,16 @@ def test_spot_wait_is_the_environments_longest_job(dev_prepared: dict[str, Any])
 
 def test_metric_definitions_parse_the_trainers_lines(staging: dict[str, Any]) -> None:
     line = format_metric_line(
-        step=120, loss=2.5, tokens_per_second_per_gpu=9876.5, tflops_per_gpu=612.3, mfu=0.4321, peak_memory_gib=88.5
+        step=120,
+        loss=2.5,
+        tokens_per_second_per_gpu=9876.5,
+        tflops_per_gpu=612.3,
+        mfu=0.4321,
+        peak_memory_gib=88.5,
+        nonfinite_steps=2,
     )
     expected = {"step": 120, "loss": 2.5, "tokens_per_second_per_gpu": 9876.5, "tflops_per_gpu": 612.3,
-                "mfu": 0.4321, "peak_memory_gib": 88.5}
+                "mfu": 0.4321, "peak_memory_gib": 88.5, "nonfinite_steps": 2}
     for definition in fx.pipelines(staging).values():
         definitions = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]
         assert [d["Name"] for d in definitions] == [m.sagemaker_name for m in METRICS]
@@ -208,7 +218,7 @@ def test_metric_definitions_parse_the_trainers_lines(staging: dict[str, Any]) ->
 
 
 def test_tokenize_step_runs_before_training(dev_prepared: dict[str, Any]) -> None:
-    definition = fx.pipelines(dev_prepared)["btk-dev-llama3-2-3b"]
+    definition = fx.pipelines(dev_prepared)[pipeline_name(DEV.name, DEV.profiles[-1])]
     steps = fx.all_steps(definition)
     tokenize = steps[STEP_TOKENIZE]["Arguments"]
     assert tokenize["AppSpecification"]["ContainerEntrypoint"] == ["btk-tokenize"]
@@ -377,7 +387,8 @@ def test_two_synths_give_identical_definitions(staging: dict[str, Any]) -> None:
 
 
 def test_adding_a_profile_adds_a_pipeline() -> None:
-    env = environments.DEV.model_copy(update={"profiles": (*environments.DEV.profiles, "qwen2.5-7b")})
+    added = next(name for name in sorted(all_profiles()) if name not in DEV.profiles)
+    env = DEV.model_copy(update={"profiles": (*DEV.profiles, added)})
     template = fx.synth(env)
-    assert len(_resources(template, "AWS::SageMaker::Pipeline")) == len(environments.DEV.profiles) + 1
-    assert "btk-dev-qwen2-5-7b" in fx.pipelines(template)
+    assert len(_resources(template, "AWS::SageMaker::Pipeline")) == len(DEV.profiles) + 1
+    assert pipeline_name(DEV.name, added) in fx.pipelines(template)
