@@ -62,6 +62,12 @@ class JobSettings(BaseModel):
         description="data-parallel ranks the knobs were planned for; a job with another count (InstanceCount "
         "override) rescales gradient accumulation to keep the planned global batch",
     )
+    max_nonfinite_steps: int = Field(
+        default=3,
+        ge=0,
+        description="optimizer steps with a NaN/inf loss or gradient norm that are skipped (update dropped) before "
+        "the job fails; 3 rides out a rare fp8 overflow, while a diverged run fails within 4 steps",
+    )
 
 
 class JobHyperparameters(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from btk.errors import BtkError, one_line
 
@@ -22,6 +22,10 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 CHECKPOINTING_MODES: tuple[str, ...] = get_args(ActivationCheckpointing)
 SHARDING_MODES: tuple[str, ...] = get_args(Sharding)
 TENSOR_PARALLEL_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+TENSOR_PARALLEL_PRECISIONS: tuple[str, ...] = ("bf16", "fp8_tensorwise")
+"""Precisions the trainer can shard with tensor parallelism: torchao's float8 tensor-parallel
+styles (``Float8ColwiseParallel``/``Float8RowwiseParallel``) cover tensorwise scaling only;
+rowwise and MXFP8 scales are per row/block and have no tensor-parallel layout there."""
 MAX_MICRO_BATCH_SIZE = 4096
 MAX_GRADIENT_ACCUMULATION_STEPS = 65536
 MAX_SEQ_LEN = 1_048_576
@@ -68,12 +72,34 @@ class TrainingKnobs(BaseModel):
             raise ValueError(f"must be one of {', '.join(map(str, TENSOR_PARALLEL_DEGREES))}")
         return value
 
+    @model_validator(mode="after")
+    def _combination_runs(self) -> TrainingKnobs:
+        problem = knob_combination_problem(self.precision, self.tensor_parallel)
+        if problem:
+            raise ValueError(problem)
+        return self
+
     def tokens_per_micro_batch(self) -> int:
         """Tokens one GPU processes per micro-batch."""
         return self.micro_batch_size * self.seq_len
 
 
 KNOB_FIELDS: tuple[str, ...] = tuple(TrainingKnobs.model_fields)
+
+
+def knob_combination_problem(precision: str, tensor_parallel: int) -> str | None:
+    """Why this precision and tensor-parallel degree cannot train together; ``None`` when they can.
+
+    The one rule for every consumer: the planner's search skips such pairs, ``TrainingKnobs``
+    refuses them (so ``btk estimate``, the pipeline at synth and the entrypoint before torchrun
+    all say so in one line), and the trainer asks it again before it shards the model.
+    """
+    if tensor_parallel > 1 and precision not in TENSOR_PARALLEL_PRECISIONS:
+        return (
+            f"precision {precision} with tensor_parallel {tensor_parallel}: tensor parallelism supports only "
+            f"{' and '.join(TENSOR_PARALLEL_PRECISIONS)}; change precision or set tensor_parallel 1"
+        )
+    return None
 
 
 def encode_value(value: Any) -> str:

@@ -492,6 +492,8 @@ class _Builder:
                 "--input", PROCESSING_INPUT,
                 "--output", PROCESSING_OUTPUT,
                 "--tokenizer", f"{PROCESSING_INPUT}/tokenizer.json",
+                # token ids must index the model's embedding: refuse a tokenizer larger than it
+                "--vocab-size", str(spec.profile.architecture.vocab_size),
             ],
         )
         return ProcessingStep(name=STEP_TOKENIZE, step_args=step_args)

@@ -22,9 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from btk.environment import EnvironmentConfig
-from btk.errors import InfeasiblePlanError
+from btk.errors import InfeasiblePlanError, UnknownNameError
 from btk.hardware import InstanceType, get_instance_type
-from btk.knobs import CHECKPOINTING_MODES, TENSOR_PARALLEL_DEGREES, TrainingKnobs, knobs_to_hyperparameters
+from btk.knobs import (
+    CHECKPOINTING_MODES,
+    MAX_GRADIENT_ACCUMULATION_STEPS,
+    TENSOR_PARALLEL_DEGREES,
+    TrainingKnobs,
+    knob_combination_problem,
+    knobs_to_hyperparameters,
+)
 from btk.planner.memory import MemoryBreakdown, estimate_memory
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
 from btk.profile import ModelProfile
@@ -168,14 +175,49 @@ def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int)
     return values
 
 
-def _knobs_for(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> TrainingKnobs:
+def _accumulation(profile: ModelProfile, instance: InstanceType, nodes: int, micro_batch_size: int, tp: int) -> int:
+    """Gradient accumulation steps that reach the profile's global batch (or its pin)."""
     training = profile.training
-    world = instance.gpus_per_node * nodes
-    data_parallel = world // choice["tensor_parallel"]
-    accumulation = profile.pinned.gradient_accumulation_steps or gradient_accumulation_for(
-        training.global_batch_tokens, choice["micro_batch_size"], training.seq_len, data_parallel
+    data_parallel = instance.gpus_per_node * nodes // tp
+    return profile.pinned.gradient_accumulation_steps or gradient_accumulation_for(
+        training.global_batch_tokens, micro_batch_size, training.seq_len, data_parallel
     )
-    return TrainingKnobs(seq_len=training.seq_len, gradient_accumulation_steps=accumulation, **choice)
+
+
+def _within_accumulation_bound(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> bool:
+    steps = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"])
+    return steps <= MAX_GRADIENT_ACCUMULATION_STEPS
+
+
+def check_accumulation_bound(profile: ModelProfile, instance: InstanceType, nodes: int) -> None:
+    """Refuse a global batch that even the largest micro-batch cannot reach within the accumulation bound."""
+    values = _candidate_values(profile, instance, nodes)
+    if not values["micro_batch_size"] or not values["tensor_parallel"]:
+        return
+    micro_batch = max(values["micro_batch_size"])
+    steps = _accumulation(profile, instance, nodes, micro_batch, min(values["tensor_parallel"]))
+    if steps <= MAX_GRADIENT_ACCUMULATION_STEPS:
+        return
+    training = profile.training
+    reach = (
+        f"needs {steps:,} gradient accumulation steps of micro-batch {micro_batch} x seq_len {training.seq_len} "
+        f"on {nodes} x {instance.name}, more than the {MAX_GRADIENT_ACCUMULATION_STEPS:,} allowed"
+    )
+    if "micro_batch_size" in profile.pinned.as_dict():
+        raise InfeasiblePlanError(
+            f"profile {profile.name!r}: pinned.micro_batch_size ({micro_batch}): reaching "
+            f"training.global_batch_tokens ({training.global_batch_tokens:,}) {reach}: raise the pin, lower the "
+            "batch or add nodes"
+        )
+    raise InfeasiblePlanError(
+        f"profile {profile.name!r}: training.global_batch_tokens ({training.global_batch_tokens:,}) {reach}: "
+        "lower it or add nodes"
+    )
+
+
+def _knobs_for(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> TrainingKnobs:
+    accumulation = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"])
+    return TrainingKnobs(seq_len=profile.training.seq_len, gradient_accumulation_steps=accumulation, **choice)
 
 
 def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: int) -> list[Evaluation]:
@@ -190,7 +232,9 @@ def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: i
             choice["micro_batch_size"] * profile.training.seq_len > profile.training.global_batch_tokens
             and choice["micro_batch_size"] > 1
             and "micro_batch_size" not in profile.pinned.as_dict()
-        ):
+        ) or not _within_accumulation_bound(profile, instance, nodes, **choice):
+            continue
+        if knob_combination_problem(choice["precision"], choice["tensor_parallel"]):
             continue
         knobs = _knobs_for(profile, instance, nodes, **choice)
         if knobs in seen:
@@ -228,19 +272,22 @@ def _pin_overflow_message(profile: ModelProfile, instance: InstanceType, candida
     )
 
 
-def legacy_baseline_knobs(profile: ModelProfile, instance: InstanceType, nodes: int) -> TrainingKnobs:
-    return _knobs_for(
-        profile,
-        instance,
-        nodes,
-        micro_batch_size=1,
-        precision="bf16",
-        activation_checkpointing="full",
-        sharding="full_shard",
-        tensor_parallel=1,
-        compile=True,
-        fused_loss=False,
-    )
+LEGACY_BASELINE: dict[str, Any] = {
+    "micro_batch_size": 1,
+    "precision": "bf16",
+    "activation_checkpointing": "full",
+    "sharding": "full_shard",
+    "tensor_parallel": 1,
+    "compile": True,
+    "fused_loss": False,
+}
+
+
+def legacy_baseline_knobs(profile: ModelProfile, instance: InstanceType, nodes: int) -> TrainingKnobs | None:
+    """The legacy baseline's knobs; ``None`` when micro-batch 1 needs more accumulation steps than allowed."""
+    if not _within_accumulation_bound(profile, instance, nodes, **LEGACY_BASELINE):
+        return None
+    return _knobs_for(profile, instance, nodes, **LEGACY_BASELINE)
 
 
 def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) -> Plan:
@@ -253,6 +300,9 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
     if nodes < 1:
         raise InfeasiblePlanError("nodes must be at least 1")
     pins = profile.pinned.as_dict()
+    pinned_problem = knob_combination_problem(profile.pinned.precision or "bf16", profile.pinned.tensor_parallel or 1)
+    if pinned_problem:
+        raise InfeasiblePlanError(f"{profile.name}: pinned {pinned_problem}")
     if "precision" in pins:
         check_runnable(
             profile,
@@ -260,6 +310,7 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
             nodes,
             TrainingKnobs(micro_batch_size=1, seq_len=profile.training.seq_len, precision=pins["precision"]),
         )
+    check_accumulation_bound(profile, instance, nodes)
     candidates = enumerate_candidates(profile, instance, nodes)
     if not candidates:
         raise InfeasiblePlanError(f"no knob set of {profile.name} can run on {instance.name} with these pins")
@@ -268,14 +319,14 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
         raise InfeasiblePlanError(_pin_overflow_message(profile, instance, candidates))
     best = feasible[0]
     baseline_knobs = legacy_baseline_knobs(profile, instance, nodes)
-    baseline = evaluate_knobs(profile, instance, nodes, baseline_knobs)
+    baseline = evaluate_knobs(profile, instance, nodes, baseline_knobs) if baseline_knobs is not None else None
     alternatives = tuple(_distinct_alternatives(feasible[1:], best, limit=4))
     return Plan(
         profile=profile,
         instance=instance,
         nodes=nodes,
         evaluation=best,
-        baseline=baseline if baseline.fits else None,
+        baseline=baseline if baseline is not None and baseline.fits else None,
         alternatives=alternatives,
         explanations=tuple(explain(best, candidates, pins)),
         candidates=tuple(candidates),
@@ -344,7 +395,10 @@ def plan_environment(env: EnvironmentConfig) -> dict[str, Plan]:
     """Plans for every profile of an environment on its instance type and count."""
     from btk.catalog import get_profile
 
-    instance = get_instance_type(env.instance_type)
+    try:
+        instance = get_instance_type(env.instance_type)
+    except UnknownNameError as error:
+        raise UnknownNameError(f"environment {env.name!r}: instance_type: {error}") from None
     return {name: plan_profile(get_profile(name), instance, env.instance_count) for name in env.profiles}
 
 

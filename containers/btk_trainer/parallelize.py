@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from btk.errors import BtkError
-from btk.knobs import TrainingKnobs
+from btk.knobs import TrainingKnobs, knob_combination_problem
 from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import Decoder, eager_cross_entropy
 
@@ -74,8 +74,13 @@ def _low_precision_filter(module: nn.Module, fqn: str, *, multiple: int = 16) ->
     return module.in_features % multiple == 0 and module.out_features % multiple == 0
 
 
-def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gather: bool) -> int:
-    """Swap linears for torchao float8 (tensorwise/rowwise) or MXFP8 training; returns how many."""
+def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gather: bool,
+                        emulate_mxfp8: bool = False) -> int:
+    """Swap linears for torchao float8 (tensorwise/rowwise) or MXFP8 training; returns how many.
+
+    ``emulate_mxfp8``: MXFP8 in torchao's hardware-agnostic emulation (tests on CPU), not its
+    Blackwell kernels.
+    """
     if precision == "bf16":
         return 0
     multiple = 32 if precision == "mxfp8" else 16
@@ -83,10 +88,10 @@ def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gathe
     def swappable(module: nn.Module, fqn: str) -> bool:
         return _low_precision_filter(module, fqn, multiple=multiple)
 
-    swapped = sum(1 for fqn, module in model.named_modules() if swappable(module, fqn))
     if precision in ("fp8_tensorwise", "fp8_rowwise"):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+        swapped = sum(1 for fqn, module in model.named_modules() if swappable(module, fqn))
         config = Float8LinearConfig.from_recipe_name(precision.removeprefix("fp8_"))
         if precision == "fp8_tensorwise" and fsdp_float8_all_gather:
             config = Float8LinearConfig(
@@ -95,19 +100,47 @@ def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gathe
                 cast_config_weight=config.cast_config_weight,
                 cast_config_grad_output=config.cast_config_grad_output,
             )
-        convert_to_float8_training(model, config=config, module_filter_fn=swappable)
-    elif precision == "mxfp8":
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
-        from torchao.quantization import quantize_
+        if precision == "fp8_rowwise":
+            # Rowwise scales are powers of two computed in fp32; unless Inductor emulates the
+            # eager precision casts, the compiled cast can round differently and, with
+            # activation checkpointing recomputing it, produce NaNs (as torchtitan sets it).
+            import torch._inductor.config
 
-        quantize_(
-            model,
-            MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL),
-            filter_fn=swappable,
-        )
-    else:
-        raise BtkError(f"unknown precision {precision!r}")
-    return swapped
+            torch._inductor.config.emulate_precision_casts = True
+        convert_to_float8_training(model, config=config, module_filter_fn=swappable)
+        return swapped
+    if precision == "mxfp8":
+        return swap_mxfp8_linears(model, swappable, emulate=emulate_mxfp8)
+    raise BtkError(f"unknown precision {precision!r}")
+
+
+def swap_mxfp8_linears(model: Decoder, swappable: Any, *, emulate: bool) -> int:
+    """Replace each swappable ``nn.Linear`` by torchao's ``MXFP8Linear`` (a module swap, as torchtitan does).
+
+    ``MXFP8Linear`` is an ``nn.Linear`` whose forward quantises input and weight to MXFP8 and
+    adds the bias after the scaled matmul, so biased linears (Qwen's q/k/v) keep their bias and
+    its gradient, and its parameters stay plain tensors: checkpoints load under DCP's
+    ``weights_only`` unpickler and export as ordinary weights. (torchao's weight-wrapper
+    tensor, ``MXFP8TrainingOpConfig``, drops the bias and cannot be unpickled by DCP.)
+    """
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    preference = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
+    targets = [(fqn, module) for fqn, module in model.named_modules() if swappable(module, fqn)]
+    for fqn, module in targets:
+        parent_name, _, child = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        weight = module.weight
+        replacement = MXFP8Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                                  device=weight.device, dtype=weight.dtype, kernel_preference=preference)
+        if weight.device.type != "meta":
+            with torch.no_grad():
+                replacement.weight.copy_(weight)
+                if module.bias is not None:
+                    replacement.bias.copy_(module.bias)
+        setattr(parent, child, replacement)
+    return len(targets)
 
 
 def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -> None:
@@ -126,8 +159,8 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -
         from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 
         colwise, rowwise = Float8ColwiseParallel, Float8RowwiseParallel
-    elif precision != "bf16":
-        raise BtkError(f"precision={precision} with tensor_parallel>1 is not supported; use fp8_tensorwise or bf16")
+    elif problem := knob_combination_problem(precision, tp_mesh.size()):
+        raise BtkError(problem)
     plan = {
         "self_attn.q_proj": colwise(),
         "self_attn.k_proj": colwise(),
@@ -237,16 +270,19 @@ def parallelize(
     compile_enabled: bool | None = None,
     fused_loss_enabled: bool | None = None,
     compile_backend: str = "inductor",
+    emulate_mxfp8: bool = False,
 ) -> Decoder:
     """Apply every knob to ``model`` (in place) and return it.
 
     ``compile_enabled`` / ``fused_loss_enabled`` override ``knobs.compile`` / ``knobs.fused_loss``
     (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes);
-    ``compile_backend`` is the ``torch.compile`` backend of both.
+    ``compile_backend`` is the ``torch.compile`` backend of both; ``emulate_mxfp8`` runs MXFP8
+    in torchao's emulation (CPU tests).
     """
     check_precision(knobs.precision, capability)
     apply_low_precision(model, knobs.precision,
-                        fsdp_float8_all_gather=float8_all_gather_enabled(knobs.precision, shape))
+                        fsdp_float8_all_gather=float8_all_gather_enabled(knobs.precision, shape),
+                        emulate_mxfp8=emulate_mxfp8)
     if shape.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], knobs.precision)
     apply_activation_checkpointing(model, knobs.activation_checkpointing)

@@ -8,7 +8,9 @@ naming the file and line. Documents are encoded with a Hugging Face ``tokenizers
 ``tokenizer.json`` (staged with the data; nothing is downloaded), each followed by the
 EOS id, and written as flat little-endian token files of at most ``--shard-tokens`` tokens
 plus a ``manifest.json`` with sizes and SHA-256 checksums. The tokenizer file is copied next
-to the shards so the dataset is self-describing.
+to the shards so the dataset is self-describing. Every id must be below the tokenizer's
+vocabulary and, with ``--vocab-size`` (the profile's ``arch.vocab_size``), below the model's:
+an id past the embedding is refused here, not found as an IndexError in training.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from btk.errors import BtkError
-from btk.shards import ShardEntry, ShardManifest, dtype_for_vocab, sha256_file, shard_file_name, write_manifest
+from btk.shards import (
+    ShardEntry,
+    ShardManifest,
+    check_token_ids,
+    dtype_for_vocab,
+    sha256_file,
+    shard_file_name,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -66,8 +76,12 @@ def tokenize_to_shards(
     eos_token: str | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     batch_size: int = 1024,
+    model_vocab_size: int | None = None,
 ) -> ShardManifest:
-    """Encode every document of ``inputs`` into shards under ``output``; returns the manifest."""
+    """Encode every document of ``inputs`` into shards under ``output``; returns the manifest.
+
+    ``model_vocab_size``: the profile's vocabulary; a tokenizer with more ids than it is refused.
+    """
     from tokenizers import Tokenizer
 
     if shard_tokens < 2:
@@ -76,6 +90,11 @@ def tokenize_to_shards(
         raise BtkError(f"tokenizer file {tokenizer_path} does not exist")
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if model_vocab_size is not None and vocab_size > model_vocab_size:
+        raise BtkError(
+            f"tokenizer {tokenizer_path} has {vocab_size} ids, the model's vocabulary (--vocab-size) only "
+            f"{model_vocab_size}; use the profile's tokenizer"
+        )
     eos_id = _resolve_eos(tokenizer, eos_token)
     dtype = dtype_for_vocab(vocab_size)
     np_dtype = np.dtype(dtype).newbyteorder("<")
@@ -87,6 +106,7 @@ def tokenize_to_shards(
 
     def flush(tokens: np.ndarray) -> None:
         path = output / shard_file_name(len(entries))
+        check_token_ids(int(tokens.max()), vocab_size, f"tokenizer {tokenizer_path} output for {path.name}")
         tokens.astype(np_dtype).tofile(path)
         entries.append(ShardEntry(file=path.name, num_tokens=int(tokens.size), sha256=sha256_file(path)))
 
@@ -131,13 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="dataset directory to write")
     parser.add_argument("--eos-token", default=None, help="EOS token string (default: common names)")
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="the profile's arch.vocab_size: refuse a tokenizer with more ids than the model has")
     args = parser.parse_args(argv)
     files: list[Path] = []
     for item in args.input:
         files.extend(sorted(item.glob("*.jsonl")) if item.is_dir() else [item])
     try:
         manifest = tokenize_to_shards(
-            files, args.tokenizer, args.output, eos_token=args.eos_token, shard_tokens=args.shard_tokens
+            files, args.tokenizer, args.output, eos_token=args.eos_token, shard_tokens=args.shard_tokens,
+            model_vocab_size=args.vocab_size,
         )
     except (BtkError, OSError) as error:
         print(f"btk-tokenize: error: {error}", file=sys.stderr)

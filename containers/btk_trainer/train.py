@@ -7,8 +7,11 @@
 Every knob of :class:`~btk.knobs.TrainingKnobs` is honoured (see :mod:`btk_trainer.parallelize`);
 the schedule comes from :class:`~btk.profile.TrainingIntent` (warmup + cosine to
 ``min_learning_rate_ratio * learning_rate``, AdamW, gradient clipping, gradient accumulation).
-SIGTERM (SageMaker stop, spot reclaim) makes every rank finish its step, write a checkpoint
-and exit 0; a restarted job resumes from the latest complete checkpoint.
+SIGTERM (SageMaker stop, spot reclaim) or the end of a capacity block
+(:mod:`btk_trainer.stopping`) makes every rank stop at the next micro-batch, drop the partial
+step, write a checkpoint of the last complete one and exit 0; a restarted job resumes from the
+latest complete checkpoint. A step whose loss or gradient norm is not finite is skipped and
+counted; more than ``job.max_nonfinite_steps`` of them fail the job with one line.
 
 :class:`Trainer` holds one run as named steps: set up device and mesh, build model,
 optimizer and data, resume, then the loop (train step, agree on stopping, log, checkpoint
@@ -29,7 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
 import numpy as np
@@ -55,6 +57,15 @@ from btk_trainer.parallelize import (
     float8_all_gather_enabled,
     mesh_shape,
     parallelize,
+)
+from btk_trainer.stopping import (
+    CAPACITY_BLOCK_SAFETY_MARGIN,
+    CAPACITY_BLOCK_TERMINATION_LEAD,
+    StopAgreement,
+    StopFlag,
+    StopReason,
+    capacity_block_deadline,
+    describe_epoch,
 )
 
 GIB = 1024**3
@@ -96,6 +107,9 @@ class RunConfig:
     # Called after each optimizer step, before the ranks agree whether to stop: a SIGTERM raised
     # here is acted on at that very step (tests stop runs at exact steps this way).
     on_step_end: Callable[[int], None] | None = None
+    # Called before each micro-batch after the first with (step, micro-batch index): tests send
+    # SIGTERM here to stop a run in the middle of an optimizer step.
+    on_micro_batch: Callable[[int, int], None] | None = None
     return_state: bool = False  # tests: gather the full fp32 weights into RunResult.final_state
 
 
@@ -104,13 +118,16 @@ class RunResult:
     """What a run did; tests and the benchmark read it, :func:`exit_code` turns it into an exit status."""
 
     steps_done: int
-    interrupted: bool  # stopped by SIGTERM before the last step
+    interrupted: bool  # stopped (SIGTERM, capacity block) before the last step
     resumed_from: int | None
     saved_step: int | None = None  # newest checkpoint on disk: written by this run or resumed from
     losses: dict[int, float] = field(default_factory=dict)
     grad_norms: dict[int, float] = field(default_factory=dict)
     final_state: dict[str, torch.Tensor] | None = None
     metrics: list[dict[str, float]] = field(default_factory=list)
+    stop_reason: StopReason = field(default_factory=StopReason)
+    dropped_step: int | None = None  # the optimizer step a stop cut short (its micro-batches are redone on resume)
+    nonfinite_steps: int = 0  # steps skipped for a NaN/inf loss or gradient norm, resumed runs included
 
 
 def exit_code(result: RunResult) -> int:
@@ -120,7 +137,7 @@ def exit_code(result: RunResult) -> int:
     cleanly has done what was asked of it (a restarted job resumes there), so it exits 0.
     Errors are non-zero elsewhere: 2 for a one-line user error, 1 for an uncaught exception.
     """
-    if result.interrupted and result.saved_step != result.steps_done:
+    if result.interrupted and result.steps_done > (result.saved_step or 0):
         return EXIT_STOPPED_UNSAVED
     return 0
 
@@ -163,24 +180,6 @@ def peak_bf16_tflops(device: torch.device) -> float:
     return best.peak_tflops("bf16") if best.supports("bf16") else 0.0
 
 
-class _StopFlag:
-    """SIGTERM sets the flag; the loop checks it (agreed over all ranks) after each step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> _StopFlag:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
-
-
 def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Clip gradients to a global L2 norm of ``max_norm``; returns the norm before clipping (a plain tensor).
 
@@ -213,17 +212,23 @@ def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) ->
 
 def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
-    *, defer_all_reduce: bool = False,
-) -> torch.Tensor:
+    *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
+) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
     ``defer_all_reduce`` (replicated mesh dim: ``hybrid_shard`` across nodes, ``no_shard``):
     FSDP2 still reduce-scatters every micro-batch inside the shard group but all-reduces across
     the replicas only after the last one, instead of crossing the inter-node network every time.
+    ``stop_agreed(micro)`` is asked before every micro-batch after the first (collective: every
+    rank asks at the same one); when it says stop, the step is abandoned and None returned.
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
     loss_sum = torch.zeros((), device=device)
     for micro in range(accumulation):
+        if micro and stop_agreed is not None and stop_agreed(micro):
+            if defer_all_reduce:
+                cast(FSDPModule, model).set_requires_all_reduce(True)
+            return None
         if defer_all_reduce:
             cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
         inputs, targets = next_batch(windows, sampler, device)
@@ -328,6 +333,7 @@ def build_model(config: RunConfig, spec: JobHyperparameters, placement: Placemen
         capability=placement.capability,
         compile_enabled=(knobs.compile if on_gpu else False) if config.compile is None else config.compile,
         fused_loss_enabled=knobs.fused_loss and on_gpu,
+        emulate_mxfp8=not on_gpu,  # torchao's MXFP8 kernels need a Blackwell GPU; CPU tests emulate them
     )
     model.to_empty(device=placement.device)
     if spec.architecture.tied_embeddings and not model.weights_tied:  # FSDP2 swaps tensors in place
@@ -410,6 +416,7 @@ class Trainer:
             config.checkpoint_dir, model=self.model, optimizer=self.optimizer, state=self.state,
             interval=self.spec.job.checkpoint_interval_steps, keep=self.spec.job.keep_last_checkpoints,
             local_rank=self.placement.local_rank,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # torchrun sets it
         )
         self.resumed_from = self.resume()
         # One all-reduce for every fp8 weight's scale after each step, not one per weight.
@@ -420,6 +427,8 @@ class Trainer:
         self.flops_per_token = model_flops_per_token(self.spec.architecture, knobs.seq_len)
         self.peak_tflops = peak_bf16_tflops(self.placement.device)
         self.window = ThroughputWindow()
+        self.stop_agreement = StopAgreement(self.placement.device)
+        self.deadline = capacity_block_deadline(os.environ)
 
     @property
     def is_logger(self) -> bool:
@@ -440,40 +449,76 @@ class Trainer:
         if self.placement.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.placement.device)
         self.window.reset()
-        with _StopFlag() as stop:
+        with StopFlag(self.deadline) as flag:
             while self.state.step < self.total_steps and not result.interrupted:
-                self.state.step += 1
-                step = self.state.step
-                loss_sum, grad_norm = self.train_step(step)
-                result.grad_norms[step], result.steps_done = float(grad_norm), step
-                self.window.count_step()
-                if self.config.on_step_end is not None:
-                    self.config.on_step_end(step)
-                result.interrupted = self.stop_agreed(stop)
-                if step % self.spec.job.log_interval_steps == 0 or step == self.total_steps or result.interrupted:
-                    self.log(step, loss_sum, result)
-                if self.checkpointer.should_save(step, stop_requested=result.interrupted):
-                    with self.window.paused():  # tokens/s counts training time only
-                        self.checkpointer.save()
+                step = self.state.step + 1
+                outcome = self.train_step(step, flag, result)
+                if outcome is None:  # stopped between micro-batches: the partial step is dropped
+                    result.interrupted, result.dropped_step = True, step
+                else:
+                    self.state.step = result.steps_done = step
+                    loss_sum, grad_norm = outcome
+                    result.grad_norms[step] = float(grad_norm)
+                    self.window.count_step()
+                    if self.config.on_step_end is not None:
+                        self.config.on_step_end(step)
+                    result.stop_reason = self.stop_agreement.agree(flag)
+                    result.interrupted = result.stop_reason.any
+                    if step % self.spec.job.log_interval_steps == 0 or step == self.total_steps or result.interrupted:
+                        self.log(step, loss_sum, result)
+                if self.state.step and self.checkpointer.should_save(self.state.step,
+                                                                     stop_requested=result.interrupted):
+                    self.save()
         result.saved_step = self.checkpointer.last_saved
+        result.nonfinite_steps = self.state.nonfinite_steps
         if result.interrupted:
             self.announce_stop(result)
         else:
             self.finish(result)
         return result
 
-    def train_step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step: learning rate, accumulated gradients, clipping, update; (summed loss, grad norm)."""
+    def save(self) -> None:
+        """Write a checkpoint of the current state; rank 0 says how long it took (stops have a deadline)."""
+        started = time.perf_counter()
+        with self.window.paused():  # tokens/s counts training time only
+            self.checkpointer.save()
+        if self.is_logger:
+            print(f"btk: checkpoint step {self.state.step} written in {time.perf_counter() - started:.1f} s",
+                  flush=True)
+
+    def train_step(self, step: int, flag: StopFlag, result: RunResult) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One optimizer step: learning rate, accumulated gradients, clipping, update; (summed loss, grad norm).
+
+        None when a stop was agreed between micro-batches: the gradients are dropped and the
+        sampler rewound to the step's start, so the checkpoint holds the last complete step and
+        a resumed run redoes this one from its first micro-batch. A step whose loss or gradient
+        norm is not finite on any rank is skipped (no update) and counted.
+        """
         intent = self.spec.training
         lr = learning_rate(step, peak=intent.learning_rate, warmup=intent.warmup_steps, total=self.total_steps,
                            min_ratio=intent.min_learning_rate_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        data_position = self.sampler.state_dict()
+
+        def stop_agreed(micro: int) -> bool:
+            if self.config.on_micro_batch is not None:
+                self.config.on_micro_batch(step, micro)
+            result.stop_reason = self.stop_agreement.agree(flag)
+            return result.stop_reason.any
+
         loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,
                                     self.spec.knobs.gradient_accumulation_steps,
-                                    defer_all_reduce=self.shape.dp_replicate > 1)
+                                    defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed)
+        if loss_sum is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.sampler.load_state_dict(data_position)
+            return None
         grad_norm = clip_grad_norm(list(self.model.parameters()), intent.max_grad_norm)
+        if not self.finite_on_every_rank(loss_sum, grad_norm):
+            self.skip_nonfinite_step(step, loss_sum, grad_norm)
+            return loss_sum, grad_norm
         self.optimizer.step()
         if self.precompute_float8_scales:
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
@@ -481,11 +526,28 @@ class Trainer:
             precompute_float8_dynamic_scale_for_fsdp(self.model)
         return loss_sum, grad_norm
 
-    def stop_agreed(self, stop: _StopFlag) -> bool:
-        """Whether any rank got SIGTERM: all ranks then stop at this same step."""
-        flags = torch.tensor([1 if stop.requested else 0], device=self.placement.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags.item())
+    def finite_on_every_rank(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether every rank's loss and the gradient norm are finite; collective."""
+        bad = (~torch.isfinite(loss_sum.detach()) | ~torch.isfinite(grad_norm.detach().to(loss_sum.device)))
+        flag = bad.to(torch.int32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return not bool(flag.item())
+
+    def skip_nonfinite_step(self, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Drop this step's update; past ``job.max_nonfinite_steps`` such steps, fail the job with one line."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.nonfinite_steps += 1
+        limit = self.spec.job.max_nonfinite_steps
+        if self.is_logger:
+            print(f"btk: step {step}: loss {float(loss_sum):.4g} / gradient norm {float(grad_norm):.4g} not finite, "
+                  f"update skipped ({self.state.nonfinite_steps} so far, job.max_nonfinite_steps={limit})", flush=True)
+        if self.state.nonfinite_steps > limit:
+            raise BtkError(
+                f"training diverged: loss or gradient norm not finite at step {step} "
+                f"({self.state.nonfinite_steps} such steps, job.max_nonfinite_steps={limit}); lower "
+                "train.learning_rate or raise train.warmup_steps, try precision=bf16, or restart from an earlier "
+                "checkpoint"
+            )
 
     def log(self, step: int, loss_sum: torch.Tensor, result: RunResult) -> None:
         """Average the loss over ranks, measure the window since the last line, print one metric line (rank 0)."""
@@ -496,23 +558,38 @@ class Trainer:
         mfu = tflops / self.peak_tflops if self.peak_tflops else 0.0
         device = self.placement.device
         peak_gib = torch.cuda.max_memory_allocated(device) / GIB if self.placement.on_gpu else 0.0
+        nonfinite = self.state.nonfinite_steps
         result.losses[step] = mean_loss
         result.metrics.append({
             "step": step, "loss": mean_loss, "tokens_per_second_per_gpu": tokens_per_second,
-            "tflops_per_gpu": tflops, "mfu": mfu, "peak_memory_gib": peak_gib,
+            "tflops_per_gpu": tflops, "mfu": mfu, "peak_memory_gib": peak_gib, "nonfinite_steps": nonfinite,
         })
         if self.is_logger:
             print(format_metric_line(step=step, loss=mean_loss, tokens_per_second_per_gpu=tokens_per_second,
-                                     tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib), flush=True)
+                                     tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib,
+                                     nonfinite_steps=nonfinite), flush=True)
         self.window.reset()
 
     def announce_stop(self, result: RunResult) -> None:
+        """The final log line of a stopped run: why, what was dropped, what was saved."""
         if not self.is_logger:
             return
-        if result.saved_step == result.steps_done:
-            print(f"btk: SIGTERM: checkpoint at step {result.steps_done} written, exiting", flush=True)
+        dropped = (f" (step {result.dropped_step} cut short between micro-batches, redone on resume)"
+                   if result.dropped_step is not None else "")
+        if result.stop_reason.deadline_passed and not result.stop_reason.signalled and self.deadline is not None:
+            terminated = self.deadline + CAPACITY_BLOCK_SAFETY_MARGIN
+            ends = terminated + CAPACITY_BLOCK_TERMINATION_LEAD
+            cause = (f"capacity block ends {describe_epoch(ends)}, its instances are terminated at "
+                     f"{describe_epoch(terminated)}; stopping {CAPACITY_BLOCK_SAFETY_MARGIN / 60:.0f} min before")
         else:
-            print(f"btk: SIGTERM at step {result.steps_done}: no checkpoint directory, progress lost", flush=True)
+            cause = "SIGTERM"
+        if result.saved_step == result.steps_done:
+            print(f"btk: {cause}: checkpoint at step {result.steps_done} written, exiting{dropped}", flush=True)
+        elif result.steps_done <= (result.saved_step or 0):
+            print(f"btk: {cause} at step {result.steps_done}: nothing to save, exiting{dropped}", flush=True)
+        else:
+            print(f"btk: {cause} at step {result.steps_done}: no checkpoint directory, progress lost{dropped}",
+                  flush=True)
 
     def finish(self, result: RunResult) -> None:
         """Export the trained model; gather the full weights when a test asks for them."""

@@ -15,22 +15,45 @@ from btk.knobs import (
     SHARDING_MODES,
     TENSOR_PARALLEL_DEGREES,
     TrainingKnobs,
+    knob_combination_problem,
     knobs_from_hyperparameters,
     knobs_to_hyperparameters,
+    parse_knobs,
 )
 
-knobs_strategy = st.builds(
-    TrainingKnobs,
-    micro_batch_size=st.integers(1, 4096),
-    gradient_accumulation_steps=st.integers(1, 65536),
-    seq_len=st.integers(16, 1_048_576),
-    precision=st.sampled_from(PRECISIONS),
-    activation_checkpointing=st.sampled_from(CHECKPOINTING_MODES),
-    sharding=st.sampled_from(SHARDING_MODES),
-    tensor_parallel=st.sampled_from(TENSOR_PARALLEL_DEGREES),
-    compile=st.booleans(),
-    fused_loss=st.booleans(),
+RUNNABLE_PAIRS = [
+    (precision, tp)
+    for precision in PRECISIONS
+    for tp in TENSOR_PARALLEL_DEGREES
+    if knob_combination_problem(precision, tp) is None
+]
+knobs_strategy = st.sampled_from(RUNNABLE_PAIRS).flatmap(
+    lambda pair: st.builds(
+        TrainingKnobs,
+        micro_batch_size=st.integers(1, 4096),
+        gradient_accumulation_steps=st.integers(1, 65536),
+        seq_len=st.integers(16, 1_048_576),
+        precision=st.just(pair[0]),
+        activation_checkpointing=st.sampled_from(CHECKPOINTING_MODES),
+        sharding=st.sampled_from(SHARDING_MODES),
+        tensor_parallel=st.just(pair[1]),
+        compile=st.booleans(),
+        fused_loss=st.booleans(),
+    )
 )
+
+
+@pytest.mark.parametrize("precision", ["fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_precisions_without_a_tensor_parallel_layout_are_refused_naming_both_knobs(precision: str, tp: int) -> None:
+    with pytest.raises(BtkError) as raised:
+        parse_knobs({"micro_batch_size": 1, "seq_len": 128, "precision": precision, "tensor_parallel": tp})
+    message = str(raised.value)
+    assert f"precision {precision} with tensor_parallel {tp}" in message and "\n" not in message
+
+
+def test_the_combination_rule_allows_every_precision_without_tensor_parallel() -> None:
+    assert all(knob_combination_problem(precision, 1) is None for precision in PRECISIONS)
 
 
 @given(knobs_strategy)

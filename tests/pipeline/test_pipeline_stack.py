@@ -229,6 +229,10 @@ def test_tokenize_step_runs_before_training(dev_prepared: dict[str, Any]) -> Non
     train_uri = steps[STEP_TRAIN]["Arguments"]["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"]
     assert output == train_uri
     assert steps[STEP_CHECK_PLAN]["DependsOn"] == [STEP_TOKENIZE]
+    # the tokenize tool refuses token ids the model's embedding cannot index
+    arguments = tokenize["AppSpecification"]["ContainerArguments"]
+    vocab = get_profile(DEV.profiles[-1]).architecture.vocab_size
+    assert arguments[arguments.index("--vocab-size") + 1] == str(vocab)
 
 
 # -- botocore validation ---------------------------------------------------------------------

@@ -24,7 +24,7 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import tiny_spec  # noqa: E402
+from trainer_fixtures import sigterm_after, tiny_spec  # noqa: E402
 
 from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
@@ -138,8 +138,8 @@ def check_tp_training(workdir: Path, data_dir: Path) -> dict[str, Any]:
 def check_low_precision_construction() -> dict[str, Any]:
     """fp8_tensorwise (fp8 all-gather over 2 shards) and mxfp8 survive meta -> FSDP2 -> to_empty -> init.
 
-    Only the construction (capability 10.0 passed in): MXFP8's kernels need Triton and a GPU;
-    float8 training itself runs on CPU in :func:`check_fp8_training`.
+    The construction with torchao's real (GPU) settings, capability 10.0 passed in; training
+    through the loop, MXFP8 emulated, runs in ``scenario_precisions``.
     """
     from btk_trainer.model import Decoder
     from btk_trainer.parallelize import build_mesh, float8_all_gather_enabled, mesh_shape, parallelize
@@ -162,6 +162,7 @@ def check_low_precision_construction() -> dict[str, Any]:
             "block_local": type(block.to_local() if isinstance(block, DTensor) else block).__name__,
             "head_local": type(head.to_local() if isinstance(head, DTensor) else head).__name__,
             "block_std": float(block.full_tensor().float().std()),
+            "block_module": type(model.model.layers[0].mlp.up_proj).__name__,
             "all_gather_fp8": float8_all_gather_enabled(precision, shape),
         }
     return out
@@ -193,6 +194,14 @@ def check_checkpoint_protocol(workdir: Path) -> dict[str, Any]:
         "node1_files": sorted(p.name for p in (workdir / "ckpt_node1" / "step_00000002").iterdir()),
     }
     agreed = checkpoint.agreed_latest_checkpoint(shared)
+    # A restart restores the merged S3 prefix onto every node: each node-local directory then holds every rank's files.
+    if rank == 0:
+        import shutil
+
+        for source, target in ((workdir / "ckpt_node0", workdir / "ckpt_node1"),
+                               (workdir / "ckpt_node1", workdir / "ckpt_node0")):
+            shutil.copytree(source, target, dirs_exist_ok=True)
+    dist.barrier()
     # Rank 1's node lost its newest checkpoint (cut off mid-upload): both ranks resume from step 1.
     if rank == 1:
         (node / checkpoint.step_dir_name(2) / checkpoint.COMPLETE).unlink()
@@ -380,16 +389,6 @@ def _exported_names(directory: Path) -> list[str]:
         return sorted(handle.keys())
 
 
-def _sigterm_at(stop: int) -> Any:
-    """A step hook that sends this process a real SIGTERM right after step ``stop``."""
-
-    def hook(step: int) -> None:
-        if step == stop:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return hook
-
-
 def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     """SIGTERM at random steps, resume, compare final weights with an uninterrupted run."""
     from btk_trainer.checkpoint import complete_checkpoints
@@ -406,7 +405,7 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
         ckpt = workdir / f"ckpt_{stop}"
         # Only rank 0 gets the signal (nodes see SIGTERM at different times): every rank must stop with it.
         first = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
-                                checkpoint_dir=ckpt, on_step_end=_sigterm_at(stop) if dist.get_rank() == 0 else None))
+                                checkpoint_dir=ckpt, on_step_end=sigterm_after(stop) if dist.get_rank() == 0 else None))
         views: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(views, [first.interrupted, first.steps_done])
         second = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu",
@@ -429,6 +428,111 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     return out
 
 
+PRECISIONS = ("bf16", "fp8_tensorwise", "fp8_rowwise", "mxfp8")
+ARCHITECTURES = ("llama", "qwen")  # no bias, untied / q-k-v bias, tied
+
+
+def precision_spec(precision: str, arch: str) -> JobHyperparameters:
+    """Selective AC (the GPU default's recompute path), accumulation 2, one checkpoint by SIGTERM at step 2."""
+    from trainer_fixtures import tiny_qwen
+
+    spec = tiny_spec(precision=precision, gradient_accumulation_steps=2, activation_checkpointing="selective",
+                     job={"checkpoint_interval_steps": 100})
+    return spec.model_copy(update={"architecture": tiny_qwen()}) if arch == "qwen" else spec
+
+
+PRECISION_STEPS = 4
+
+
+def scenario_precisions_save(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Every precision x {Llama, Qwen}: an uninterrupted run (exported), and a run stopped at step 2 (saved).
+
+    The stopped runs are resumed by :func:`scenario_precisions_resume` in fresh processes. On
+    CPU the fp8 matmuls are torch's ``_scaled_mm`` emulation and MXFP8 torchao's emulation.
+    """
+    from btk_trainer.train import RunConfig, train
+
+    out: dict[str, Any] = {}
+    for precision in PRECISIONS:
+        for arch in ARCHITECTURES:
+            name, spec = f"{precision}-{arch}", precision_spec(precision, arch)
+            straight = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=PRECISION_STEPS, device="cpu",
+                                       capability=(10, 0), model_dir=workdir / f"straight_{name}", return_state=True))
+            if dist.get_rank() == 0:
+                torch.save(straight.final_state, workdir / f"straight_{name}.pt")
+            first = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=PRECISION_STEPS, device="cpu",
+                                    capability=(10, 0), checkpoint_dir=workdir / f"ckpt_{name}",
+                                    on_step_end=sigterm_after(2) if dist.get_rank() == 0 else None))
+            out[name] = {"straight_losses": [straight.losses[s] for s in sorted(straight.losses)],
+                         "stopped_at": first.steps_done, "saved": first.saved_step}
+    return out
+
+
+def scenario_precisions_resume(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Resume each stopped run in this fresh process; the finished weights must equal the uninterrupted run's."""
+    from btk_trainer.train import RunConfig, train
+
+    out: dict[str, Any] = {}
+    for precision in PRECISIONS:
+        for arch in ARCHITECTURES:
+            name, spec = f"{precision}-{arch}", precision_spec(precision, arch)
+            resumed = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=PRECISION_STEPS, device="cpu",
+                                      capability=(10, 0), checkpoint_dir=workdir / f"ckpt_{name}",
+                                      model_dir=workdir / f"resumed_{name}", return_state=True))
+            final = resumed.final_state or {}
+            reference = torch.load(workdir / f"straight_{name}.pt")
+            out[name] = {
+                "resumed_from": resumed.resumed_from, "steps": resumed.steps_done,
+                "losses": {str(k): v for k, v in resumed.losses.items()},
+                "bit_identical": sorted(final) == sorted(reference)
+                and all(torch.equal(final[k], reference[k]) for k in reference),
+            }
+    return out
+
+
+def _killed_mid_write(rank: int, workdir: str, data_dir: str, port: int, case: str) -> None:
+    """One rank trains with a checkpoint every 2 steps and is SIGKILLed inside a checkpoint write.
+
+    ``write``: after DCP wrote step 4's data files, before its RNG file, manifest and marker.
+    ``prune``: while step 6's save prunes step 4 (keep 1), between its marker and its files.
+    """
+    import shutil
+
+    from btk_trainer import checkpoint
+    from btk_trainer.train import RunConfig, train
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"})
+    torch.set_num_threads(1)
+    real_save, real_rmtree = checkpoint.dcp_save, shutil.rmtree
+
+    def save_then_die(state: Any, checkpoint_id: str) -> Any:
+        result = real_save(state, checkpoint_id=checkpoint_id)
+        if case == "write" and checkpoint_id.endswith(".step_00000004.tmp"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    def rmtree_then_die(path: Any, *args: Any, **kwargs: Any) -> None:
+        if case == "prune" and str(path).endswith("step_00000004"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_rmtree(path, *args, **kwargs)
+
+    checkpoint.dcp_save = save_then_die  # type: ignore[assignment]
+    checkpoint.shutil.rmtree = rmtree_then_die  # type: ignore[assignment]
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2, "keep_last_checkpoints": 1 if case == "prune" else 2})
+    train(RunConfig(spec=spec, data_dir=Path(data_dir), max_steps=8, device="cpu",
+                    checkpoint_dir=Path(workdir) / f"ckpt_{case}"))
+
+
+def scenario_kill(workdir: Path, data_dir: Path) -> None:
+    """Both kill cases, each in its own process that dies by SIGKILL (expected)."""
+    for case in ("write", "prune"):
+        try:
+            mp.spawn(_killed_mid_write, args=(str(workdir), str(data_dir), free_port(), case), nprocs=1, join=True)
+        except mp.ProcessExitedException as error:
+            (workdir / f"killed_{case}").write_text(str(error.signal_name))
+
+
 def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_dir: str, seed: int) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
@@ -439,6 +543,10 @@ def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_
             result = scenario_core(Path(workdir), Path(data_dir))
         elif scenario == "resume":
             result = scenario_resume(Path(workdir), Path(data_dir), seed)
+        elif scenario == "precisions_save":
+            result = scenario_precisions_save(Path(workdir), Path(data_dir))
+        elif scenario == "precisions_resume":
+            result = scenario_precisions_resume(Path(workdir), Path(data_dir))
         else:
             raise SystemExit(f"unknown scenario {scenario}")
         if rank == 0:
@@ -455,6 +563,9 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     name, work, data = sys.argv[1], sys.argv[2], sys.argv[3]
+    if name == "kill":
+        scenario_kill(Path(work), Path(data))
+        raise SystemExit(0)
     world_size = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     seed_value = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     mp.spawn(_worker, args=(world_size, free_port(), name, work, data, seed_value), nprocs=world_size, join=True)

@@ -1,14 +1,36 @@
-"""The checkpointer's save policy and the trainer state it carries (the DCP protocol runs in test_distributed)."""
+"""The checkpointer: save policy, trainer state, manifest verification and fallback, kills mid-write.
+
+The multi-rank DCP protocol runs in test_distributed.
+"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from btk_trainer.checkpoint import Checkpointer, TrainerState
+import torch.distributed as dist
+from btk_trainer.checkpoint import (
+    COMPLETE,
+    MANIFEST,
+    Checkpointer,
+    TrainerState,
+    complete_checkpoints,
+    step_dir_name,
+    verify_checkpoint,
+)
 from btk_trainer.data import ResumableSampler
+from btk_trainer.train import RunConfig, train
+from trainer_fixtures import one_rank_env, sigterm_after, tiny_spec
+
+from btk.errors import BtkError
+from btk.hyperparameters import JobHyperparameters
+
+WORKER = Path(__file__).with_name("dist_worker.py")
 
 
 def _checkpointer(root: Path | None, interval: int = 3) -> Checkpointer:
@@ -43,10 +65,134 @@ def test_trainer_state_round_trip() -> None:
     sampler = ResumableSampler(64, micro_batch_size=2, dp_rank=0, dp_size=2, seed=4)
     for _ in range(5):
         sampler.next_indices()
-    saved: dict[str, Any] = TrainerState(sampler, step=5).state_dict()
-    assert saved == {"step": 5, "sampler": sampler.state_dict()}
+    state = TrainerState(sampler, step=5)
+    state.nonfinite_steps = 2
+    saved: dict[str, Any] = state.state_dict()
+    assert saved == {"step": 5, "sampler": sampler.state_dict(), "nonfinite_steps": 2}
 
     fresh = ResumableSampler(64, micro_batch_size=2, dp_rank=0, dp_size=2, seed=4)
     restored = TrainerState(fresh)
     restored.load_state_dict(saved)
-    assert restored.step == 5 and fresh.next_indices() == sampler.next_indices()
+    assert restored.step == 5 and restored.nonfinite_steps == 2 and fresh.next_indices() == sampler.next_indices()
+    older = TrainerState(ResumableSampler(64, micro_batch_size=2, dp_rank=0, dp_size=2, seed=4))
+    older.load_state_dict({"step": 5, "sampler": sampler.state_dict()})  # saved before the counter existed
+    assert older.nonfinite_steps == 0
+
+
+def _flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _marker_only(checkpoint: Path) -> None:
+    for child in checkpoint.iterdir():
+        if child.name != COMPLETE:
+            child.unlink()
+
+
+DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "flipped distcp bytes": (lambda c: _flip_middle_byte(c / "__0_0.distcp"), "__0_0.distcp fails its sha256"),
+    "truncated distcp": (lambda c: _truncate(c / "__0_0.distcp"), "__0_0.distcp has"),
+    "emptied distcp": (lambda c: (c / "__0_0.distcp").write_bytes(b""), "__0_0.distcp has 0 bytes"),
+    "deleted distcp": (lambda c: (c / "__0_0.distcp").unlink(), "__0_0.distcp missing"),
+    "garbled metadata": (lambda c: _flip_middle_byte(c / ".metadata"), ".metadata fails its sha256"),
+    "garbled rng": (lambda c: _flip_middle_byte(c / "rng_rank00000.pt"), "rng_rank00000.pt fails its sha256"),
+    "garbled manifest": (lambda c: _flip_middle_byte(c / MANIFEST), "MANIFEST.json does not match"),
+    "marker only": (_marker_only, "MANIFEST.json missing"),
+}
+_STRAIGHT: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def _straight_run(spec: JobHyperparameters, steps: int, data_dir: Path | None = None) -> dict[str, torch.Tensor]:
+    key = f"{spec.model_dump_json()}-{steps}-{data_dir}"
+    if key not in _STRAIGHT:
+        run = train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu", return_state=True))
+        _STRAIGHT[key] = run.final_state or {}
+    return _STRAIGHT[key]
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(
+    damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a partial S3 restore or a bad disk leaves, still marked COMPLETE: resume from the step before it."""
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    root = tmp_path / "ckpt"
+    train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(4)))
+    assert [step for step, _ in complete_checkpoints(root)] == [2, 4]
+    assert verify_checkpoint(root / step_dir_name(4)) is None
+    damage_fn, finding = DAMAGE[damage]
+    damage_fn(root / step_dir_name(4))
+    assert finding in (verify_checkpoint(root / step_dir_name(4)) or "")
+    capsys.readouterr()
+    resumed = train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, return_state=True))
+    assert f"checkpoint {root / step_dir_name(4)} is not usable ({finding}" in capsys.readouterr().out
+    assert resumed.resumed_from == 2 and resumed.steps_done == 6
+    assert _equal(resumed.final_state or {}, _straight_run(spec, 6))
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_no_checkpoint_that_verifies_is_one_line_error(tmp_path: Path) -> None:
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    root = tmp_path / "ckpt"
+    train(RunConfig(spec=spec, max_steps=3, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(2)))
+    _flip_middle_byte(root / step_dir_name(2) / "__0_0.distcp")
+    with pytest.raises(BtkError, match=r"no checkpoint under .* verifies \(step_00000002: __0_0.distcp fails"):
+        train(RunConfig(spec=spec, max_steps=3, device="cpu", checkpoint_dir=root))
+
+
+def test_pruning_removes_the_marker_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill between the two deletions leaves a directory that no longer counts as complete."""
+    from btk_trainer import checkpoint
+
+    old = tmp_path / step_dir_name(1)
+    old.mkdir()
+    (old / COMPLETE).write_text("{}")
+    (old / "__0_0.distcp").write_bytes(b"x")
+
+    def killed(path: Path, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # stands in for the kill: nothing after this runs
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._remove(old)
+    assert (old / "__0_0.distcp").exists() and complete_checkpoints(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_kill_9_mid_checkpoint_resumes_from_the_previous_complete_one(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL while step 4's DCP files are written, and while step 6's save prunes step 4: resume exactly."""
+    completed = subprocess.run([sys.executable, str(WORKER), "kill", str(tmp_path), str(dataset)],
+                               capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert (tmp_path / "killed_write").read_text() == "SIGKILL"
+    assert (tmp_path / "killed_prune").read_text() == "SIGKILL"
+    write, prune = tmp_path / "ckpt_write", tmp_path / "ckpt_prune"
+    assert [step for step, _ in complete_checkpoints(write)] == [2]  # step 4 never got its marker
+    assert (write / ".step_00000004.tmp").is_dir()
+    assert [step for step, _ in complete_checkpoints(prune)] == [6]  # step 4 lost its marker first
+    assert (prune / step_dir_name(4)).is_dir()
+    for case, root, expected in (("write", write, 2), ("prune", prune, 6)):
+        spec = tiny_spec(job={"checkpoint_interval_steps": 2, "keep_last_checkpoints": 1 if case == "prune" else 2})
+        for key, value in one_rank_env().items():
+            monkeypatch.setenv(key, value)
+        try:
+            resumed = train(RunConfig(spec=spec, data_dir=dataset, max_steps=8, device="cpu", checkpoint_dir=root,
+                                      return_state=True))
+            assert resumed.resumed_from == expected and resumed.steps_done == 8
+            assert _equal(resumed.final_state or {}, _straight_run(spec, 8, dataset))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()

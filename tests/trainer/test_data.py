@@ -157,3 +157,51 @@ def test_next_batch_shapes(tmp_path: Path) -> None:
     inputs, targets = next_batch(shards, sampler, torch.device("cpu"))
     assert inputs.shape == targets.shape == (3, 9) and inputs.dtype == torch.int64
     torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id past the vocabulary under a matching checksum: found while hashing, never an IndexError in training."""
+    import sys
+
+    from btk.shards import ShardEntry, scan_shard, sha256_file, write_manifest
+
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(30))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    target = tmp_path / "ds" / "shard_00001.bin"
+    tokens = np.fromfile(target, dtype="<u2")
+    tokens[5] = manifest.vocab_size + 3
+    tokens.tofile(target)
+    shards = list(manifest.shards)
+    shards[1] = ShardEntry(file=target.name, num_tokens=shards[1].num_tokens, sha256=sha256_file(target))
+    write_manifest(tmp_path / "ds", manifest.model_copy(update={"shards": tuple(shards)}))
+    message = rf"shard_00001.bin holds token id {manifest.vocab_size + 3}, outside the vocabulary of"
+    with pytest.raises(BtkError, match=message):
+        TokenShards(tmp_path / "ds", seq_len=8)
+    verify_dataset(tmp_path / "ds", part=0, parts=2)  # the other part's shards are fine
+    with pytest.raises(BtkError, match=message):
+        verify_dataset(tmp_path / "ds", part=1, parts=2)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # the core without numpy finds it too
+    assert scan_shard(target, "uint16")[1] == manifest.vocab_size + 3
+
+
+def test_the_manifest_is_checksummed(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
+    path, sidecar = tmp_path / "ds" / "manifest.json", tmp_path / "ds" / "manifest.json.sha256"
+    assert sidecar.read_text().endswith("  manifest.json\n")
+    path.write_text(path.read_text().replace('"eos_token_id": 1', '"eos_token_id": 0'))
+    with pytest.raises(BtkError, match=r"manifest.json does not match manifest.json.sha256"):
+        read_manifest(tmp_path / "ds")
+    sidecar.unlink()  # a dataset written before the sidecar existed is still read
+    assert read_manifest(tmp_path / "ds").eos_token_id == 0
+
+
+def test_tokenize_refuses_a_tokenizer_larger_than_the_model(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    docs = write_jsonl(tmp_path / "a.jsonl", _docs(5))
+    with pytest.raises(BtkError, match=r"has \d+ ids, the model's vocabulary \(--vocab-size\) only 4"):
+        tokenize_to_shards([docs], tok_path, tmp_path / "ds", model_vocab_size=4)
+    assert tokenize_main(["--input", str(docs), "--tokenizer", str(tok_path), "--output", str(tmp_path / "o"),
+                          "--vocab-size", "4"]) == 2
+    tokenize_to_shards([docs], tok_path, tmp_path / "ok", model_vocab_size=128)

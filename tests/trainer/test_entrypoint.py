@@ -38,7 +38,7 @@ def test_one_node(data_dir: Path) -> None:
     assert args["checkpoint-dir"] == "/opt/ml/checkpoints"
     assert args["failure-file"] == "/opt/ml/output/failure"  # the trainer's own one-line errors land there too
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
-    assert plan.spec.knobs.precision == "mxfp8" and plan.spec.knobs.tensor_parallel == 2
+    assert plan.spec.knobs.precision == "fp8_tensorwise" and plan.spec.knobs.tensor_parallel == 2
 
 
 def test_four_nodes_rank_from_sorted_hosts(data_dir: Path) -> None:
@@ -79,6 +79,9 @@ def _copy(tmp_path: Path, **changes: object) -> Path:
         ({"arch.hidden_size": None}, "arch.hidden_size"),
         ({"tensor_parallel": "3"}, "tensor_parallel"),
         ({"job.checkpoint_interval_steps": "0"}, "job.checkpoint_interval_steps"),
+        # the one precision x tensor-parallel rule (btk.knobs), refused before torchrun starts
+        ({"precision": "mxfp8"}, "precision mxfp8 with tensor_parallel 2"),
+        ({"precision": "fp8_rowwise"}, "precision fp8_rowwise with tensor_parallel 2"),
     ],
 )
 def test_malformed_hyperparameters_fail_with_one_line(

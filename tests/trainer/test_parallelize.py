@@ -103,3 +103,38 @@ def test_inductor_compiles_selective_ac_blocks_and_fused_loss() -> None:
     for name, parameter in compiled.named_parameters():
         plain = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
         assert parameter.grad is not None and torch.allclose(parameter.grad, reference[plain], atol=1e-6), name
+
+
+def test_mxfp8_keeps_the_bias_and_plain_weights(qwen_arch: ModelArchitecture) -> None:
+    """Qwen's q/k/v bias survives the MXFP8 swap: in the output and in the gradient; weights stay plain tensors."""
+    pytest.importorskip("torchao")
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+
+    model = Decoder(qwen_arch)
+    model.init_weights(seed=2)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    assert apply_low_precision(model, "mxfp8", fsdp_float8_all_gather=False, emulate_mxfp8=True) == 14
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, MXFP8Linear) and q_proj.bias is not None
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())  # values kept
+    with torch.no_grad():
+        q_proj.bias.fill_(5.0)
+    hidden = torch.randn(2, 32, qwen_arch.hidden_size)
+    out = q_proj(hidden)
+    assert abs(float(out.detach().mean()) - 5.0) < 0.1
+    out.sum().backward()
+    assert q_proj.bias.grad is not None and torch.equal(q_proj.bias.grad, torch.full_like(q_proj.bias, 64.0))
+    assert all(type(value) is torch.Tensor for value in model.state_dict().values())
+    assert "model.layers.0.self_attn.q_proj.bias" in model.state_dict()  # Hugging Face names unchanged
+
+
+def test_rowwise_float8_makes_inductor_emulate_precision_casts(llama_arch: ModelArchitecture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchao")
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
+    apply_low_precision(Decoder(llama_arch), "fp8_tensorwise", fsdp_float8_all_gather=False)
+    assert inductor_config.emulate_precision_casts is False
+    apply_low_precision(Decoder(llama_arch), "fp8_rowwise", fsdp_float8_all_gather=False)
+    assert inductor_config.emulate_precision_casts is True

@@ -8,8 +8,8 @@ import json
 import math
 import os
 import signal
-import socket
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,12 @@ import torch
 import torch.distributed as dist
 from btk_trainer.checkpoint import complete_checkpoints
 from btk_trainer.model import Decoder
+from btk_trainer.stopping import (
+    CAPACITY_BLOCK_ENV,
+    CAPACITY_BLOCK_SAFETY_MARGIN,
+    CAPACITY_BLOCK_TERMINATION_LEAD,
+    capacity_block_deadline,
+)
 from btk_trainer.train import (
     EXIT_STOPPED_UNSAVED,
     RunConfig,
@@ -28,7 +34,7 @@ from btk_trainer.train import (
     setup_distributed,
     train,
 )
-from trainer_fixtures import tiny_qwen, tiny_spec
+from trainer_fixtures import sigterm_after, tiny_qwen, tiny_spec
 
 from btk.hyperparameters import JobHyperparameters, to_hyperparameters
 
@@ -85,22 +91,6 @@ def test_exit_code(result: RunResult, code: int) -> None:
     assert exit_code(result) == code
 
 
-@pytest.fixture
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The environment torchrun gives a 1-process job; the process group is torn down afterwards."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(key, value)
-    try:
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 @pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize("spec", [tiny_spec(), tiny_spec().model_copy(update={"architecture": tiny_qwen()})],
                          ids=["llama-untied", "qwen-tied"])
@@ -115,18 +105,10 @@ def test_training_initialises_through_the_model(spec: JobHyperparameters) -> Non
         assert torch.equal(initial[name], value), name
 
 
-def _sigterm_after(stop: int) -> Callable[[int], None]:
-    def hook(step: int) -> None:
-        if step == stop:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return hook
-
-
 @pytest.mark.usefixtures("one_rank")
 def test_stop_with_a_checkpoint_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = train(RunConfig(spec=tiny_spec(), max_steps=10, device="cpu", checkpoint_dir=tmp_path / "ckpt",
-                             on_step_end=_sigterm_after(2)))
+                             on_step_end=sigterm_after(2)))
     assert result.interrupted and result.steps_done == result.saved_step == 2
     assert [step for step, _ in complete_checkpoints(tmp_path / "ckpt")] == [2]
     assert "btk: SIGTERM: checkpoint at step 2 written" in capsys.readouterr().out
@@ -135,7 +117,7 @@ def test_stop_with_a_checkpoint_exits_0(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.usefixtures("one_rank")
 def test_stop_without_a_checkpoint_is_not_success(capsys: pytest.CaptureFixture[str]) -> None:
-    result = train(RunConfig(spec=tiny_spec(), max_steps=10, device="cpu", on_step_end=_sigterm_after(2)))
+    result = train(RunConfig(spec=tiny_spec(), max_steps=10, device="cpu", on_step_end=sigterm_after(2)))
     assert result.interrupted and result.steps_done == 2 and result.saved_step is None
     assert "no checkpoint directory, progress lost" in capsys.readouterr().out
     assert exit_code(result) == EXIT_STOPPED_UNSAVED != 0
@@ -159,3 +141,100 @@ def test_main_lets_an_unexpected_error_fail_the_process(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors files"):
         main(["--hyperparameters", str(tmp_path / "hyperparameters.json"), "--failure-file", str(tmp_path / "f")])
     assert not (tmp_path / "f").exists() and not dist.is_initialized()
+
+
+def _sigterm_at_micro_batch(stop_step: int, micro: int) -> Callable[[int, int], None]:
+    def hook(step: int, index: int) -> None:
+        if (step, index) == (stop_step, micro):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_sigterm_between_micro_batches_drops_the_partial_step(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM inside step 3's accumulation: no update, step 2 saved at once, the resumed run is bit-identical."""
+    spec = tiny_spec(gradient_accumulation_steps=4, job={"checkpoint_interval_steps": 100})
+    straight = train(RunConfig(spec=spec, max_steps=5, device="cpu", return_state=True))
+    stopped = train(RunConfig(spec=spec, max_steps=5, device="cpu", checkpoint_dir=tmp_path / "ckpt",
+                              on_micro_batch=_sigterm_at_micro_batch(3, 2)))
+    out = capsys.readouterr().out
+    assert stopped.interrupted and stopped.dropped_step == 3
+    assert stopped.steps_done == stopped.saved_step == 2 and exit_code(stopped) == 0
+    assert "btk: checkpoint step 2 written in" in out
+    assert "btk: SIGTERM: checkpoint at step 2 written, exiting (step 3 cut short" in out
+    resumed = train(RunConfig(spec=spec, max_steps=5, device="cpu", checkpoint_dir=tmp_path / "ckpt",
+                              return_state=True))
+    assert resumed.resumed_from == 2 and resumed.steps_done == 5
+    assert resumed.losses == {step: loss for step, loss in straight.losses.items() if step > 2}
+    final, reference = resumed.final_state or {}, straight.final_state or {}
+    assert sorted(final) == sorted(reference) and all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def test_capacity_block_deadline_leaves_a_margin() -> None:
+    assert capacity_block_deadline({}) is None
+    assert capacity_block_deadline({CAPACITY_BLOCK_ENV: "soon"}) is None
+    ends = 1_900_000_000.0
+    deadline = capacity_block_deadline({CAPACITY_BLOCK_ENV: str(int(ends * 1000))})
+    assert deadline == ends - CAPACITY_BLOCK_TERMINATION_LEAD - CAPACITY_BLOCK_SAFETY_MARGIN
+    assert CAPACITY_BLOCK_SAFETY_MARGIN > 0
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_capacity_block_end_checkpoints_and_exits_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A training-plan job whose deadline (block end - termination lead - margin) has passed stops by itself."""
+    ends = time.time() + CAPACITY_BLOCK_TERMINATION_LEAD + CAPACITY_BLOCK_SAFETY_MARGIN - 1
+    monkeypatch.setenv(CAPACITY_BLOCK_ENV, str(int(ends * 1000)))
+    result = train(RunConfig(spec=tiny_spec(), max_steps=10, device="cpu", checkpoint_dir=tmp_path / "ckpt"))
+    assert result.interrupted and result.stop_reason.deadline_passed and not result.stop_reason.signalled
+    assert result.steps_done == result.saved_step == 1 and exit_code(result) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("btk: capacity block ends ") and "checkpoint at step 1 written, exiting" in last
+
+
+def _poison_losses(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
+    """The loss (hence every gradient) of the given steps becomes NaN, as in a diverged run."""
+    from btk_trainer import train as train_module
+
+    real, calls = train_module.forward_backward, itertools.count(1)
+
+    def poisoned(model: Decoder, *args: object, **kwargs: object) -> torch.Tensor | None:
+        step = next(calls)
+        if step in steps:
+            loss = real(model, *args, **kwargs)  # type: ignore[arg-type]
+            for parameter in model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.fill_(float("nan"))
+            return None if loss is None else loss * float("nan")
+        return real(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_module, "forward_backward", poisoned)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_nonfinite_step_is_skipped_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    _poison_losses(monkeypatch, {2})
+    result = train(RunConfig(spec=tiny_spec(), max_steps=4, device="cpu", return_state=True))
+    assert result.steps_done == 4 and result.nonfinite_steps == 1
+    assert math.isnan(result.losses[2]) and all(math.isfinite(result.losses[s]) for s in (1, 3, 4))
+    assert [m["nonfinite_steps"] for m in result.metrics] == [0, 1, 1, 1]
+    assert all(torch.isfinite(value).all() for value in (result.final_state or {}).values())  # no NaN update
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_divergence_fails_the_job_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Past job.max_nonfinite_steps the job fails (exit 2) with the step and what to try in the failure file."""
+    from btk.metrics import parse_metric_line
+
+    _poison_losses(monkeypatch, set(range(3, 100)))
+    spec = tiny_spec(job={"max_steps": 10, "max_nonfinite_steps": 2})
+    (tmp_path / "hyperparameters.json").write_text(json.dumps(to_hyperparameters(spec)))
+    code = main(["--hyperparameters", str(tmp_path / "hyperparameters.json"), "--failure-file", str(tmp_path / "f")])
+    failure = (tmp_path / "f").read_text()
+    assert code == 2 and len(failure.strip().splitlines()) == 1
+    assert "not finite at step 5" in failure and "learning_rate" in failure and "bf16" in failure
+    parsed = [parse_metric_line(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["nonfinite_steps"] for p in parsed if p] == [0, 0, 1, 2]  # visible although loss=nan

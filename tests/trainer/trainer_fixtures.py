@@ -6,6 +6,10 @@ whichever test folder's conftest was imported first when several folders run tog
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+from collections.abc import Callable
 from typing import Any
 
 from btk.hyperparameters import JobHyperparameters, JobSettings
@@ -61,3 +65,21 @@ def tiny_spec(**knob_values: Any) -> JobHyperparameters:
     settings = JobSettings(**{"profile": "tiny", "seed": 11, "checkpoint_interval_steps": 3,
                               "keep_last_checkpoints": 2, "log_interval_steps": 1, **job})
     return JobHyperparameters(knobs=knobs, architecture=tiny_llama(), training=intent, job=settings)
+
+
+def sigterm_after(stop: int) -> Callable[[int], None]:
+    """A step hook that sends this process a real SIGTERM right after step ``stop``."""
+
+    def hook(step: int) -> None:
+        if step == stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+def one_rank_env() -> dict[str, str]:
+    """The environment torchrun gives a 1-process job, on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
