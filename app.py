@@ -20,9 +20,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from btk.catalog import all_environments, get_environment, get_profile
+from btk.catalog import (
+    ENVIRONMENTS_FILE,
+    all_environments,
+    all_profiles,
+    default_environment_name,
+    environment_error,
+    get_environment,
+    get_profile,
+)
 from btk.environment import EnvironmentConfig
-from btk.errors import BtkError, one_line
+from btk.errors import BtkError
 
 #: Context keys that override a field of the selected environment (values are strings).
 OVERRIDABLE = ("account", "region", "availability_zone")
@@ -30,40 +38,55 @@ OVERRIDABLE = ("account", "region", "availability_zone")
 CONFIG_ERROR_EXIT = 2
 
 
-def validate_environment(name: str, values: Mapping[str, Any]) -> EnvironmentConfig:
-    """Validate ``values`` as environment ``name``, then each profile name; one-line errors."""
+def validate_environment(name: str, values: Mapping[str, Any], source: str = ENVIRONMENTS_FILE) -> EnvironmentConfig:
+    """Validate ``values`` as environment ``name``, then each profile name; one-line errors.
+
+    ``source`` says where the values came from (the file, and any ``-c`` overrides).
+    """
     try:
         config = EnvironmentConfig.model_validate(dict(values))
     except ValidationError as error:
-        raise BtkError(f"environment {name}: {one_line(error)}") from None
+        raise environment_error(name, error, source) from None
+    if config.instance_type not in training_instance_types():
+        raise BtkError(
+            f"{source}: environment {name!r}: instance_type: {config.instance_type} is not a SageMaker training "
+            "instance type (botocore's TrainingInstanceType)"
+        )
+    all_profiles()  # a broken profiles/ module reports itself, not as this environment's fault
     for profile in config.profiles:
         try:
             get_profile(profile)
         except BtkError as error:
-            raise BtkError(f"environment {name}: profiles: {error}") from None
+            raise BtkError(f"{source}: environment {name!r}: profiles: {error}") from None
     return config
+
+
+def training_instance_types() -> tuple[str, ...]:
+    """Instance types SageMaker training jobs accept, from botocore's service model (offline)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return tuple(model.shape_for("TrainingInstanceType").enum)
 
 
 def load_environment(context: Mapping[str, Any]) -> EnvironmentConfig:
     """The environment selected by CDK context (``env``, ``account``, ``region``, ``availability_zone``)."""
-    try:
-        import environments
-
-        default = environments.DEFAULT_ENVIRONMENT
-        all_environments()
-    except ValidationError as error:
-        raise BtkError(f"environments.py: {one_line(error)}") from None
-    name = str(context.get("env") or default)
-    base = get_environment(name)
-    values = base.model_dump()
+    name = str(context.get("env") or default_environment_name())
+    values = get_environment(name).model_dump()
+    overrides: dict[str, Any] = {}
     for key in OVERRIDABLE:
         override = context.get(key)
         if override is not None and str(override) != "":
-            values[key] = str(override)
+            overrides[key] = str(override)
     raw = context.get("profiles")
     if raw:
-        values["profiles"] = tuple(raw.split(",")) if isinstance(raw, str) else tuple(raw)
-    return validate_environment(name, values)
+        overrides["profiles"] = tuple(raw.split(",")) if isinstance(raw, str) else tuple(raw)
+    source = ENVIRONMENTS_FILE + "".join(f" with -c {key}={_context_text(value)}" for key, value in overrides.items())
+    return validate_environment(name, {**values, **overrides}, source)
+
+
+def _context_text(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 def cli_context() -> dict[str, Any]:

@@ -1,21 +1,45 @@
 """Lookup of the user's profiles (``profiles/``) and environments (``environments.py``).
 
 The user-editable modules live at the repository root; this module imports them lazily so
-that the rest of the core does not depend on them.
+that the rest of the core does not depend on them. A definition that fails validation while
+they import is reported in one line naming the file, the profile or environment, and the
+field: ``profiles/llama.py: profile 'mistral-7b': architecture.num_attention_heads: ...``.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
+import importlib.util
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
-from types import ModuleType
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError, UnknownNameError, one_line
 from btk.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class UserModule:
+    """One of the user's modules: what it is called, what it defines, how errors name it."""
+
+    module: str
+    noun: str
+    root: type[BaseModel]
+    collection: str
+
+
+PROFILES = UserModule("profiles", "profile", ModelProfile, "PROFILES")
+ENVIRONMENTS = UserModule("environments", "environment", EnvironmentConfig, "ENVIRONMENTS")
+ENVIRONMENTS_FILE = "environments.py"
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -23,24 +47,142 @@ def _suggest(name: str, known: list[str]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(known)}"
 
 
-def _import_user_module(name: str, where: str) -> ModuleType:
+def _module_location(module: str) -> tuple[Path, Path]:
+    """(the directory the display paths are relative to, the file or package of ``module``)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise BtkError(f"{module}: not found; run from the repository root")
+    origin = Path(spec.origin).resolve()
+    location = origin.parent if spec.submodule_search_locations else origin
+    return location.parent, location
+
+
+def _user_frames(error: BaseException, location: Path) -> list[tuple[FrameType, traceback.FrameSummary]]:
+    """The traceback's frames that run code in ``location`` (a file, or a package's directory)."""
+    pairs = zip(traceback.walk_tb(error.__traceback__), traceback.extract_tb(error.__traceback__), strict=True)
+    return [
+        (frame, summary)
+        for (frame, _), summary in pairs
+        if Path(summary.filename).resolve() == location or location in Path(summary.filename).resolve().parents
+    ]
+
+
+@lru_cache(maxsize=32)
+def _syntax_tree(filename: str) -> ast.Module:
+    return ast.parse(Path(filename).read_text(encoding="utf-8"))
+
+
+def _encloses(node: ast.expr, summary: traceback.FrameSummary) -> bool:
+    if summary.lineno is None or node.end_lineno is None or node.end_col_offset is None:
+        return False
+    start = (node.lineno, node.col_offset)
+    end = (node.end_lineno, node.end_col_offset)
+    here = (summary.lineno, summary.colno or 0)
+    there = (summary.end_lineno or summary.lineno, summary.end_colno or 0)
+    return start <= here and there <= end
+
+
+def _name_values(node: ast.expr) -> Iterator[ast.expr]:
+    """The expressions a call's ``name=`` keyword or a dict's ``"name"`` key gives."""
+    if isinstance(node, ast.Call):
+        yield from (keyword.value for keyword in node.keywords if keyword.arg == "name")
+    elif isinstance(node, ast.Dict):
+        for key, value in zip(node.keys, node.values, strict=True):
+            if isinstance(key, ast.Constant) and key.value == "name":
+                yield value
+
+
+def _resolve(value: ast.expr, frame: FrameType) -> str | None:
+    """A literal, or a variable's value in ``frame``; ``None`` for anything computed."""
+    if isinstance(value, ast.Constant):
+        resolved: Any = value.value
+    elif isinstance(value, ast.Name):
+        resolved = frame.f_locals.get(value.id, frame.f_globals.get(value.id))
+    else:
+        return None
+    return resolved if isinstance(resolved, str) else None
+
+
+def _owner_in_source(frames: list[tuple[FrameType, traceback.FrameSummary]]) -> str | None:
+    """The ``name=`` of the innermost call or dict around the failing expression, frame by frame."""
+    for frame, summary in reversed(frames):
+        enclosing = [
+            node
+            for node in ast.walk(_syntax_tree(summary.filename))
+            if isinstance(node, ast.Call | ast.Dict) and _encloses(node, summary)
+        ]
+        enclosing.sort(key=lambda node: (node.lineno, node.col_offset), reverse=True)
+        for node in enclosing:
+            for value in _name_values(node):
+                name = _resolve(value, frame)
+                if name is not None:
+                    return name
+    return None
+
+
+def _owner_in_input(error: ValidationError, user: UserModule) -> str | None:
+    """The ``name`` the failing profile or environment was given, when pydantic kept it."""
+    if error.title != user.root.__name__:
+        return None
+    for item in error.errors():
+        given = item.get("input")
+        if isinstance(given, dict) and isinstance(given.get("name"), str):
+            return str(given["name"])
+    return None
+
+
+def definition_error(error: ValidationError, user: UserModule) -> BtkError:
+    """One line for a definition of ``user`` that failed while the module imported."""
+    base, location = _module_location(user.module)
+    frames = _user_frames(error, location)
+    fields = one_line(error, root=user.root)
+    if not frames:
+        return BtkError(f"{location.relative_to(base).as_posix()}: {fields}")
+    innermost = frames[-1][1]
+    where = Path(innermost.filename).resolve().relative_to(base).as_posix()
+    owner = _owner_in_input(error, user) or _owner_in_source(frames)
+    if owner is None:
+        return BtkError(f"{where}:{innermost.lineno}: {fields}")
+    return BtkError(f"{where}: {user.noun} {owner!r}: {fields}")
+
+
+def _import_user_module(user: UserModule) -> ModuleType:
     """Import ``profiles`` or ``environments``; an invalid definition is a one-line error."""
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(user.module)
     except ValidationError as error:
-        raise BtkError(one_line(error, f"{where}: {error.title}: ")) from None
+        raise definition_error(error, user) from None
+    return module
+
+
+def _definitions(user: UserModule) -> tuple[Any, ...]:
+    """The module's collection (``PROFILES``, ``ENVIRONMENTS``), checked to hold only ``user.root``."""
+    collection = getattr(_import_user_module(user), user.collection, None)
+    if not isinstance(collection, tuple | list) or not all(isinstance(item, user.root) for item in collection):
+        raise BtkError(f"{_display_name(user)}: {user.collection} must be a tuple of {user.root.__name__}")
+    return tuple(collection)
+
+
+def _display_name(user: UserModule) -> str:
+    """``environments.py`` or ``profiles/``."""
+    _, location = _module_location(user.module)
+    return location.name if location.is_file() else f"{location.name}/"
+
+
+def _by_name(user: UserModule) -> dict[str, Any]:
+    """The module's definitions by name; a name defined twice is an error."""
+    found: dict[str, Any] = {}
+    for definition in _definitions(user):
+        if definition.name in found:
+            raise UnknownNameError(f"{_display_name(user)}: {user.noun} name {definition.name!r} is defined twice")
+        found[definition.name] = definition
+    return found
 
 
 @lru_cache(maxsize=1)
 def all_profiles() -> dict[str, ModelProfile]:
     """Every profile in ``profiles/``, by name; duplicate names are an error."""
-    module = _import_user_module("profiles", "profiles/")
-    catalog: dict[str, ModelProfile] = {}
-    for profile in module.PROFILES:
-        if profile.name in catalog:
-            raise UnknownNameError(f"profile name {profile.name!r} is defined twice in profiles/")
-        catalog[profile.name] = profile
-    return catalog
+    return _by_name(PROFILES)
 
 
 def get_profile(name: str) -> ModelProfile:
@@ -53,9 +195,8 @@ def get_profile(name: str) -> ModelProfile:
 
 @lru_cache(maxsize=1)
 def all_environments() -> dict[str, EnvironmentConfig]:
-    """Every environment in ``environments.py``, by name."""
-    module = _import_user_module("environments", "environments.py")
-    return {env.name: env for env in module.ENVIRONMENTS}
+    """Every environment in ``environments.py``, by name; duplicate names are an error."""
+    return _by_name(ENVIRONMENTS)
 
 
 def get_environment(name: str) -> EnvironmentConfig:
@@ -63,3 +204,16 @@ def get_environment(name: str) -> EnvironmentConfig:
     if name in environments:
         return environments[name]
     raise UnknownNameError(f"unknown environment {name!r}{_suggest(name, sorted(environments))}")
+
+
+def environment_error(name: str, error: ValidationError, source: str = ENVIRONMENTS_FILE) -> BtkError:
+    """One line for environment ``name`` that failed validation (``source``: where its values came from)."""
+    return BtkError(f"{source}: environment {name!r}: {one_line(error, root=EnvironmentConfig)}")
+
+
+def default_environment_name() -> str:
+    """``DEFAULT_ENVIRONMENT`` of ``environments.py``: the environment chosen without ``-c env=``."""
+    name = getattr(_import_user_module(ENVIRONMENTS), "DEFAULT_ENVIRONMENT", None)
+    if not isinstance(name, str) or name not in all_environments():
+        raise BtkError(f"{ENVIRONMENTS_FILE}: DEFAULT_ENVIRONMENT must name one of ENVIRONMENTS (got {name!r})")
+    return name

@@ -7,17 +7,42 @@ built: a bad value fails synth with one line naming the field and the fix.
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from datetime import UTC, datetime
+import unicodedata
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from btk.errors import FieldError, UnknownNameError
+from btk.hardware import INSTANCE_TYPES, get_instance_type
+from btk.naming import TAG_ENVIRONMENT, TAG_INSTANCE_TYPE, TAG_PROFILE
 from btk.units import HOURS_PER_DAY, SECONDS_PER_HOUR
 
 DOCUMENTATION_ACCOUNT = "123456789012"
-ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,20}$")
-REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+# Use these with ``fullmatch``: ``re.match`` with ``$`` would accept a trailing newline.
+ENV_NAME = re.compile(r"[a-z][a-z0-9-]{1,20}")
+REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9-]+\.[a-z0-9]+")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/[a-zA-Z0-9-]{1,63}")
+#: Amazon VPC: "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28
+#: netmask (16 IP addresses)" (VPC User Guide, "VPC CIDR blocks").
+VPC_PREFIX_LONGEST_ALLOWED = 28
+VPC_PREFIX_SHORTEST_ALLOWED = 16
+#: The training subnet is a /20 (training_constructs/network.py), so the VPC must hold one.
+TRAINING_SUBNET_PREFIX = 20
+#: AWS tagging rules ("Tagging AWS resources", tag naming limits; CloudFormation's stack ``Tag``,
+#: which the stack's tags also become): keys 1-128 characters, values 1-256, letters, numbers
+#: and spaces representable in UTF-8 plus ``_ . : / = + - @``; keys starting with ``aws:`` are
+#: reserved for AWS; at most 50 tags per resource.
+TAG_KEY_MAX = 128
+TAG_VALUE_MAX = 256
+TAG_SYMBOLS = "_.:/=+-@"
+TAG_RESERVED_PREFIX = "aws:"
+#: The kit tags every training job itself; the user's tags share the 50-tag limit with them.
+KIT_TAG_KEYS = (TAG_ENVIRONMENT, TAG_PROFILE, TAG_INSTANCE_TYPE)
+MAX_USER_TAGS = 50 - len(KIT_TAG_KEYS)
 #: FSx for Lustre PERSISTENT_2: the one size below 2400 GiB, and the step above it.
 FSX_SMALLEST_CAPACITY_GIB = 1200
 FSX_CAPACITY_STEP_GIB = 2400
@@ -49,6 +74,53 @@ def validate_fsx_throughput(per_tib: int) -> int:
         allowed = ", ".join(map(str, FSX_THROUGHPUT_PER_TIB))
         raise ValueError(f"{per_tib} MB/s/TiB is not offered for PERSISTENT_2: use one of {allowed}")
     return per_tib
+
+
+def validate_vpc_cidr(cidr: str) -> str:
+    """``cidr`` if it is an IPv4 network a VPC can have and the training subnet fits in, else ``ValueError``."""
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as error:
+        raise ValueError(f"{cidr!r} is not an IPv4 network like 10.80.0.0/16 ({error})") from None
+    if not VPC_PREFIX_SHORTEST_ALLOWED <= network.prefixlen <= VPC_PREFIX_LONGEST_ALLOWED:
+        raise ValueError(
+            f"{cidr} is a /{network.prefixlen}: a VPC's block is /{VPC_PREFIX_SHORTEST_ALLOWED} to "
+            f"/{VPC_PREFIX_LONGEST_ALLOWED}, e.g. 10.80.0.0/16"
+        )
+    if network.prefixlen > TRAINING_SUBNET_PREFIX:
+        raise ValueError(
+            f"{cidr} is smaller than the /{TRAINING_SUBNET_PREFIX} training subnet it must hold: use "
+            f"/{VPC_PREFIX_SHORTEST_ALLOWED} to /{TRAINING_SUBNET_PREFIX}"
+        )
+    return cidr
+
+
+def _tag_text_error(text: str, limit: int) -> str | None:
+    """Why ``text`` cannot be a tag key or value under AWS's length and character rules, or ``None``."""
+    if not 1 <= len(text) <= limit:
+        return f"is {len(text)} characters: use 1 to {limit}"
+    odd = sorted({c for c in text if not (c.isalnum() or c in TAG_SYMBOLS or unicodedata.category(c).startswith("Z"))})
+    if odd:
+        return f"contains {''.join(odd)!r}: use letters, digits, spaces and {TAG_SYMBOLS}"
+    return None
+
+
+def validate_tags(tags: dict[str, str]) -> dict[str, str]:
+    """``tags`` if AWS accepts every key and value and the kit's own tags are not among them."""
+    if len(tags) > MAX_USER_TAGS:
+        raise ValueError(f"{len(tags)} tags: at most {MAX_USER_TAGS} (AWS allows 50, the kit adds {len(KIT_TAG_KEYS)})")
+    for key, value in tags.items():
+        if key.lower().startswith(TAG_RESERVED_PREFIX):
+            raise ValueError(f"key {key!r} starts with {TAG_RESERVED_PREFIX!r}, which AWS reserves for its own tags")
+        if key in KIT_TAG_KEYS:
+            raise ValueError(f"key {key!r} is set by the kit itself: choose another key")
+        problem = _tag_text_error(key, TAG_KEY_MAX)
+        if problem:
+            raise ValueError(f"key {key!r} {problem}")
+        problem = _tag_text_error(value, TAG_VALUE_MAX)
+        if problem:
+            raise ValueError(f"value of {key!r} {problem}")
+    return tags
 
 
 def is_sellable_plan_duration(hours: int) -> bool:
@@ -108,7 +180,7 @@ class ExistingPlanCapacity(BaseModel):
     @field_validator("plan_arn")
     @classmethod
     def _arn(cls, value: str) -> str:
-        if not re.match(r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/[a-zA-Z0-9-]{1,63}$", value):
+        if not TRAINING_PLAN_ARN.fullmatch(value):
             raise ValueError(
                 "must be a SageMaker training plan ARN (arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME)"
             )
@@ -120,36 +192,66 @@ class ReservePlanCapacity(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     mode: Literal["reserve"] = "reserve"
-    start_after: datetime
-    end_before: datetime | None = None
+    start_after: datetime = Field(
+        description="earliest start, a fixed date written out (e.g. 2027-01-04T00:00:00Z): the plan's name "
+        "derives from it, so a value computed from the clock would buy a new plan on every deploy"
+    )
+    end_before: datetime | None = Field(
+        default=None,
+        description="latest end (None: no limit), a fixed date like start_after; at least duration_hours after "
+        "start_after",
+    )
     duration_hours: int = Field(ge=24)
     instance_count: int
-    max_upfront_fee: float | None = Field(default=None, gt=0, description="ceiling in the offering's currency")
+    max_upfront_fee: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="ceiling in the offering's currency (a finite number)"
+    )
     purchase_approved: bool = False
 
     @field_validator("start_after", "end_before")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
+    def _fixed_date(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        if value.second or value.microsecond:
+            raise ValueError(
+                f"{value.isoformat()} is not a fixed date (it has seconds): write a fixed date such as "
+                f"{value:%Y-%m-%d}T00:00:00Z; the plan's name derives from it, so a value computed from the clock "
+                "would buy a new plan on every deploy"
+            )
         return value
 
     @model_validator(mode="after")
     def _sellable(self) -> ReservePlanCapacity:
         if self.instance_count not in TRAINING_PLAN_INSTANCE_COUNTS:
             allowed = ", ".join(map(str, TRAINING_PLAN_INSTANCE_COUNTS))
-            raise ValueError(f"instance_count {self.instance_count} is not sold: use one of {allowed}")
+            raise FieldError(
+                "instance_count", f"instance_count {self.instance_count} is not sold: use one of {allowed}"
+            )
         if not is_sellable_plan_duration(self.duration_hours):
-            raise ValueError(
+            raise FieldError(
+                "duration_hours",
                 f"duration_hours {self.duration_hours} must be whole days between 1 and "
-                f"{TRAINING_PLAN_MAX_DAYS} ({HOURS_PER_DAY} to {TRAINING_PLAN_MAX_HOURS} hours)"
+                f"{TRAINING_PLAN_MAX_DAYS} ({HOURS_PER_DAY} to {TRAINING_PLAN_MAX_HOURS} hours)",
             )
         if self.max_upfront_fee is None:
-            raise ValueError("max_upfront_fee is required in reserve mode: set the most you will pay")
+            raise FieldError(
+                "max_upfront_fee", "max_upfront_fee is required in reserve mode: set the most you will pay"
+            )
         if not self.purchase_approved:
-            raise ValueError("purchase_approved must be true in reserve mode: buying a plan charges an up-front fee")
-        if self.end_before is not None and self.end_before <= self.start_after:
-            raise ValueError("end_before must be after start_after")
+            raise FieldError(
+                "purchase_approved",
+                "purchase_approved must be true in reserve mode: buying a plan charges an up-front fee",
+            )
+        earliest_end = self.start_after + timedelta(hours=self.duration_hours)
+        if self.end_before is not None and self.end_before < earliest_end:
+            raise FieldError(
+                "end_before",
+                f"end_before ({self.end_before.isoformat()}) leaves no room for duration_hours "
+                f"({self.duration_hours}) after start_after: make it {earliest_end.isoformat()} or later",
+            )
         return self
 
 
@@ -169,7 +271,10 @@ class EnvironmentConfig(BaseModel):
     region: str = "us-east-1"
     availability_zone: str = Field(description="AZ name where the GPUs and FSx live, e.g. us-east-1a")
     profiles: tuple[str, ...] = Field(min_length=1)
-    instance_type: str = "ml.p6-b200.48xlarge"
+    instance_type: str = Field(
+        default="ml.p6-b200.48xlarge",
+        description="SageMaker training instance type; the planner knows those in btk.hardware",
+    )
     instance_count: int = Field(default=1, ge=1, le=64)
     data_stage: DataStageConfig = DataStageConfig()
     capacity: CapacityConfig = OnDemandCapacity()
@@ -178,13 +283,13 @@ class EnvironmentConfig(BaseModel):
     inter_container_encryption: bool = False
     max_runtime_hours: int = Field(default=72, ge=1, le=28 * 24)
     log_retention_days: int = 30
-    vpc_cidr: str = "10.80.0.0/16"
-    tags: dict[str, str] = Field(default_factory=dict)
+    vpc_cidr: str = Field(default="10.80.0.0/16", description="IPv4 network of the VPC, /16 to /20")
+    tags: dict[str, str] = Field(default_factory=dict, description="AWS tags on every resource of the stack")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not ENV_NAME.match(value):
+        if not ENV_NAME.fullmatch(value):
             raise ValueError("must be a lower-case slug of 2-21 characters, e.g. dev")
         return value
 
@@ -198,9 +303,30 @@ class EnvironmentConfig(BaseModel):
     @field_validator("region")
     @classmethod
     def _region(cls, value: str) -> str:
-        if not REGION.match(value):
+        if not REGION.fullmatch(value):
             raise ValueError(f"{value!r} is not an AWS region name like us-east-1")
         return value
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, value: str) -> str:
+        if INSTANCE_TYPE.fullmatch(value):
+            return value
+        try:
+            hint = f"write the SageMaker name {get_instance_type(value).name}"
+        except UnknownNameError:
+            hint = f"e.g. {', '.join(INSTANCE_TYPES)}"
+        raise ValueError(f"{value!r} is not a SageMaker instance type name: {hint}")
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        return validate_vpc_cidr(value)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: dict[str, str]) -> dict[str, str]:
+        return validate_tags(value)
 
     @field_validator("log_retention_days")
     @classmethod
@@ -212,23 +338,25 @@ class EnvironmentConfig(BaseModel):
     @model_validator(mode="after")
     def _az_in_region(self) -> EnvironmentConfig:
         if not re.fullmatch(re.escape(self.region) + r"[a-z]", self.availability_zone):
-            raise ValueError(
+            raise FieldError(
+                "availability_zone",
                 f"availability_zone {self.availability_zone!r} is not in region {self.region}: "
-                f"use {self.region}a, {self.region}b, ..."
+                f"use {self.region}a, {self.region}b, ...",
             )
         if len(set(self.profiles)) != len(self.profiles):
-            raise ValueError("profiles lists a profile twice")
+            raise FieldError("profiles", "profiles lists a profile twice")
         capacity = self.capacity
         if isinstance(capacity, ExistingPlanCapacity) and f":{self.region}:" not in capacity.plan_arn:
-            raise ValueError(f"capacity.plan_arn is not in region {self.region}")
+            raise FieldError("capacity.plan_arn", f"capacity.plan_arn is not in region {self.region}")
         if managed_spot_conflict(self):
-            raise ValueError("managed_spot cannot be combined with a training plan (capacity.mode)")
+            raise FieldError("managed_spot", "managed_spot cannot be combined with a training plan (capacity.mode)")
         expiration = self.data_stage.checkpoint_expiration_days
         longest_job_hours = self.longest_job_hours
         if expiration is not None and expiration * HOURS_PER_DAY <= longest_job_hours:
-            raise ValueError(
+            raise FieldError(
+                "data_stage.checkpoint_expiration_days",
                 f"data_stage.checkpoint_expiration_days ({expiration}) must outlast the longest job "
-                f"({longest_job_hours} h with max_runtime_hours and spot waiting): raise it or lower max_runtime_hours"
+                f"({longest_job_hours} h with max_runtime_hours and spot waiting): raise it or lower max_runtime_hours",
             )
         return self
 

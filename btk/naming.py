@@ -17,7 +17,8 @@ TAG_INSTANCE_TYPE = "btk:instance-type"
 #: Longest job-name prefix: SageMaker Pipelines appends its own suffix up to the 63-character limit.
 JOB_NAME_PREFIX_MAX = 40
 
-_PIPELINE_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$")
+#: SageMaker pipeline names; use with ``fullmatch`` (``$`` with ``match`` accepts a trailing newline).
+_PIPELINE_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}")
 
 
 def environment_prefix(environment: str) -> str:
@@ -33,7 +34,7 @@ def pipeline_name(environment: str, profile: str) -> str:
     """``btk-<env>-<profile>`` with every character SageMaker forbids (``.``, ``_``) as ``-``."""
     name = re.sub(r"[^a-zA-Z0-9-]", "-", f"{environment_prefix(environment)}{profile}")
     name = re.sub(r"-{2,}", "-", name).strip("-")
-    if not _PIPELINE_NAME.match(name):
+    if not _PIPELINE_NAME.fullmatch(name):
         raise BtkError(f"pipeline name {name!r} is not a valid SageMaker pipeline name: rename the profile")
     return name
 

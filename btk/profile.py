@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from btk.errors import FieldError
 from btk.knobs import (
     MAX_GRADIENT_ACCUMULATION_STEPS,
     MAX_MICRO_BATCH_SIZE,
@@ -64,17 +65,21 @@ class ModelArchitecture(BaseModel):
     @model_validator(mode="after")
     def _heads_fit(self) -> ModelArchitecture:
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise FieldError(
+                "num_attention_heads",
                 f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
-                f"({self.hidden_size}); pick a head count that divides it"
+                f"({self.hidden_size}); pick a head count that divides it",
             )
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(
+            raise FieldError(
+                "num_kv_heads",
                 f"num_kv_heads ({self.num_kv_heads}) must divide num_attention_heads "
-                f"({self.num_attention_heads}) for grouped-query attention"
+                f"({self.num_attention_heads}) for grouped-query attention",
             )
         if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError("head dimension (hidden_size / num_attention_heads) must be even for RoPE")
+            raise FieldError(
+                "num_attention_heads", "head dimension (hidden_size / num_attention_heads) must be even for RoPE"
+            )
         return self
 
     @property
@@ -189,21 +194,26 @@ class ModelProfile(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> ModelProfile:
         if not PROFILE_NAME.fullmatch(self.name):
-            raise ValueError(f"name {self.name!r} must be a lower-case slug (letters, digits, '.', '-')")
+            raise FieldError("name", f"name {self.name!r} must be a lower-case slug (letters, digits, '.', '-')")
         if self.training.seq_len > self.architecture.max_context:
-            raise ValueError(
+            raise FieldError(
+                "training.seq_len",
                 f"training.seq_len ({self.training.seq_len}) exceeds architecture.max_context "
-                f"({self.architecture.max_context}); lower seq_len or raise max_context"
+                f"({self.architecture.max_context}); lower seq_len or raise max_context",
             )
         if self.training.global_batch_tokens < self.training.seq_len:
-            raise ValueError("training.global_batch_tokens must hold at least one sequence of training.seq_len")
+            raise FieldError(
+                "training.global_batch_tokens",
+                "training.global_batch_tokens must hold at least one sequence of training.seq_len",
+            )
         tp = self.pinned.tensor_parallel
         if tp is not None:
             if tp not in (1, 2, 4, 8):
-                raise ValueError("pinned.tensor_parallel must be one of 1, 2, 4, 8")
+                raise FieldError("pinned.tensor_parallel", "pinned.tensor_parallel must be one of 1, 2, 4, 8")
             if self.architecture.num_kv_heads % tp:
-                raise ValueError(
-                    f"pinned.tensor_parallel ({tp}) must divide num_kv_heads ({self.architecture.num_kv_heads})"
+                raise FieldError(
+                    "pinned.tensor_parallel",
+                    f"pinned.tensor_parallel ({tp}) must divide num_kv_heads ({self.architecture.num_kv_heads})",
                 )
         return self
 

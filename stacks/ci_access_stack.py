@@ -91,21 +91,21 @@ class CiAccessProps:
         names = [env.name for env in self.environments]
         if len(set(names)) != len(names):
             raise BtkError(f"CiAccessProps.environments lists an environment twice: {', '.join(names)}")
-        if not _REPO.match(self.github_repo):
+        if not _REPO.fullmatch(self.github_repo):
             raise BtkError(
                 f"github_repo {self.github_repo!r} is not OWNER/NAME: pass -c github_repo=your-org/your-repo"
             )
-        if self.existing_provider_arn is not None and not _PROVIDER_ARN.match(self.existing_provider_arn):
+        if self.existing_provider_arn is not None and not _PROVIDER_ARN.fullmatch(self.existing_provider_arn):
             raise BtkError(
                 f"existing_provider_arn {self.existing_provider_arn!r} is not a GitHub OIDC provider ARN: "
                 f"use arn:aws:iam::ACCOUNT:oidc-provider/{GITHUB_OIDC_HOST}"
             )
-        if not _QUALIFIER.match(self.bootstrap_qualifier):
+        if not _QUALIFIER.fullmatch(self.bootstrap_qualifier):
             raise BtkError(
                 f"bootstrap_qualifier {self.bootstrap_qualifier!r} is not a cdk bootstrap qualifier: "
                 "use 1-10 lower-case letters or digits (default hnb659fds)"
             )
-        if not _ROLE_PREFIX.match(self.role_name_prefix):
+        if not _ROLE_PREFIX.fullmatch(self.role_name_prefix):
             raise BtkError(
                 f"role_name_prefix {self.role_name_prefix!r} is not usable in a role name: "
                 "use up to 30 letters, digits or +=,.@_-"

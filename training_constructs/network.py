@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from btk.environment import TRAINING_SUBNET_PREFIX
 from training_constructs.nag import acknowledge
 
 #: Interface endpoints a training job in an isolated subnet needs, by construct id.
@@ -70,7 +71,7 @@ class TrainingNetwork(Construct):
             nat_gateways=0,
             subnet_configuration=[
                 ec2.SubnetConfiguration(
-                    name="training", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=20
+                    name="training", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=TRAINING_SUBNET_PREFIX
                 )
             ],
             enable_dns_hostnames=True,

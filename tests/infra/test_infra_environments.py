@@ -18,6 +18,7 @@ from btk.environment import (
     LOG_RETENTION_DAYS,
     TRAINING_PLAN_MAX_HOURS,
     DataStageConfig,
+    EnvironmentConfig,
     ReservePlanCapacity,
     is_sellable_plan_duration,
     validate_fsx_storage_capacity,
@@ -36,68 +37,76 @@ def _raise_message(context: dict[str, Any]) -> str:
     return message
 
 
-def _prod_with(**data_stage: Any) -> dict[str, Any]:
-    values = environments.PROD.model_dump()
-    values["data_stage"] = {**values["data_stage"], **data_stage}
+# Names, regions and profiles come from the user's environments.py; the checks hold for any of them.
+ENV = environments.ENVIRONMENTS[0]
+OTHER_REGION = "eu-west-1" if ENV.region != "eu-west-1" else "us-west-2"
+
+
+def _fsx_with(**data_stage: Any) -> dict[str, Any]:
+    values = ENV.model_dump()
+    values["data_stage"] = {**values["data_stage"], "mode": "fsx", "fsx_storage_capacity_gib": 1200,
+                            "fsx_throughput_per_tib": 250, **data_stage}
     return values
 
 
 def test_default_environment_is_dev() -> None:
-    assert environments.DEFAULT_ENVIRONMENT == "dev"
-    assert load_environment({}).name == "dev"
-    assert load_environment({"env": None}).name == "dev"
+    assert load_environment({}).name == environments.DEFAULT_ENVIRONMENT
+    assert load_environment({"env": None}).name == environments.DEFAULT_ENVIRONMENT
 
 
-@pytest.mark.parametrize("name", ["dev", "staging", "prod"])
-def test_each_environment_loads_unchanged(name: str) -> None:
-    assert load_environment({"env": name}) == getattr(environments, name.upper())
+@pytest.mark.parametrize("env", environments.ENVIRONMENTS, ids=lambda env: env.name)
+def test_each_environment_loads_unchanged(env: EnvironmentConfig) -> None:
+    assert load_environment({"env": env.name}) == env
 
 
 def test_unknown_environment() -> None:
-    message = _raise_message({"env": "stagin"})
-    assert message.startswith("unknown environment 'stagin'")
-    assert "staging" in message
+    typo = ENV.name + "x"
+    message = _raise_message({"env": typo})
+    assert message.startswith(f"unknown environment '{typo}'")
+    assert ENV.name in message
 
 
 def test_capacity_1300_names_the_field() -> None:
     with pytest.raises(BtkError) as caught:
-        validate_environment("prod", _prod_with(fsx_storage_capacity_gib=1300))
+        validate_environment(ENV.name, _fsx_with(fsx_storage_capacity_gib=1300))
     message = str(caught.value)
-    assert message.startswith("environment prod: data_stage.fsx_storage_capacity_gib: 1300 GiB")
+    expected = f"environments.py: environment {ENV.name!r}: data_stage.fsx_storage_capacity_gib: 1300 GiB"
+    assert message.startswith(expected)
     assert "1200 or a multiple of 2400" in message
     assert "\n" not in message
 
 
 def test_throughput_300_names_the_field() -> None:
     with pytest.raises(BtkError) as caught:
-        validate_environment("prod", _prod_with(fsx_throughput_per_tib=300))
+        validate_environment(ENV.name, _fsx_with(fsx_throughput_per_tib=300))
     message = str(caught.value)
-    assert message.startswith("environment prod: data_stage.fsx_throughput_per_tib: 300")
+    assert message.startswith(f"environments.py: environment {ENV.name!r}: data_stage.fsx_throughput_per_tib: 300")
     assert "125, 250, 500, 1000" in message
 
 
 def test_availability_zone_outside_region() -> None:
-    message = _raise_message({"env": "staging", "availability_zone": "us-west-2a"})
-    assert message.startswith("environment staging:")
-    assert "availability_zone 'us-west-2a' is not in region us-east-1" in message
+    message = _raise_message({"env": ENV.name, "availability_zone": f"{OTHER_REGION}a"})
+    assert message.startswith(f"environments.py with -c availability_zone={OTHER_REGION}a: environment {ENV.name!r}:")
+    assert f"availability_zone '{OTHER_REGION}a' is not in region {ENV.region}" in message
 
 
 def test_region_override_needs_matching_zone() -> None:
-    message = _raise_message({"env": "dev", "region": "eu-west-1"})
-    assert "not in region eu-west-1" in message
-    config = load_environment({"env": "dev", "region": "eu-west-1", "availability_zone": "eu-west-1b"})
-    assert (config.region, config.availability_zone) == ("eu-west-1", "eu-west-1b")
+    message = _raise_message({"env": ENV.name, "region": OTHER_REGION})
+    assert f"not in region {OTHER_REGION}" in message
+    config = load_environment({"env": ENV.name, "region": OTHER_REGION, "availability_zone": f"{OTHER_REGION}b"})
+    assert (config.region, config.availability_zone) == (OTHER_REGION, f"{OTHER_REGION}b")
 
 
 def test_unknown_profile() -> None:
-    message = _raise_message({"env": "dev", "profiles": "llama3.2-1b,llama9-70b"})
-    assert message.startswith("environment dev: profiles: unknown profile 'llama9-70b'")
+    message = _raise_message({"env": ENV.name, "profiles": f"{ENV.profiles[0]},llama9-70b"})
+    assert f"environment {ENV.name!r}: profiles: unknown profile 'llama9-70b'" in message
 
 
 def test_account_override() -> None:
-    assert load_environment({"env": "prod", "account": "444455556666"}).account == "444455556666"
-    message = _raise_message({"env": "prod", "account": "12345"})
-    assert message == "environment prod: account: must be a 12-digit AWS account id"
+    assert load_environment({"env": ENV.name, "account": "444455556666"}).account == "444455556666"
+    message = _raise_message({"env": ENV.name, "account": "12345"})
+    source = "environments.py with -c account=12345"
+    assert message == f"{source}: environment {ENV.name!r}: account: must be a 12-digit AWS account id"
 
 
 @pytest.mark.parametrize(("capacity", "throughput"), [(1200, 125), (2400, 250), (4800, 1000), (24000, 500)])
@@ -134,10 +143,10 @@ def test_fsx_rule_rejects_the_same_values_in_the_config_and_the_construct(capaci
 def test_every_accepted_log_retention_has_a_cdk_member() -> None:
     """The config's list is the map's keys; a value outside it fails before any construct."""
     assert tuple(RETENTION_DAYS) == LOG_RETENTION_DAYS
-    values = environments.DEV.model_dump()
+    values = ENV.model_dump()
     for days in (2, 0, 9999):
         with pytest.raises(BtkError, match=rf"log_retention_days: {days} is not a CloudWatch Logs retention"):
-            validate_environment("dev", {**values, "log_retention_days": days})
+            validate_environment(ENV.name, {**values, "log_retention_days": days})
 
 
 def test_each_retention_member_synthesizes_its_days() -> None:
@@ -179,8 +188,10 @@ def _run_app(context: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     ("context", "expected"),
     [
         ({"env": "nope"}, "btk: error: unknown environment 'nope'"),
-        ({"env": "prod", "availability_zone": "eu-west-1a"}, "btk: error: environment prod: "),
-        ({"env": "dev", "profiles": "gpt-x"}, "btk: error: environment dev: profiles: unknown profile 'gpt-x'"),
+        ({"env": ENV.name, "availability_zone": f"{OTHER_REGION}a"},
+         f"btk: error: environments.py with -c availability_zone={OTHER_REGION}a: environment {ENV.name!r}: "),
+        ({"env": ENV.name, "profiles": "gpt-x"},
+         f"btk: error: environments.py with -c profiles=gpt-x: environment {ENV.name!r}: profiles: unknown profile"),
     ],
 )
 def test_app_exits_2_with_one_line(context: dict[str, Any], expected: str) -> None:
