@@ -18,9 +18,18 @@ export AWS_EC2_METADATA_DISABLED := true
 export SAGEMAKER_VALIDATE_ROLE := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint bench clean
+.PHONY: setup setup-infra synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint bench clean
 
 setup: $(VENV)/.installed node_modules/.installed
+
+# synth needs only the CDK app's dependencies: not torch, the trainer's or the tests'.
+setup-infra: $(VENV)/.installed-infra node_modules/.installed
+
+$(VENV)/.installed-infra: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[infra]"
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +37,7 @@ $(VENV)/.installed: pyproject.toml
 	# torch first, pinned, so the local CPU wheel is used (an unpinned torch pulls CUDA).
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[infra,trainer,plot,dev]"
-	touch $@
+	touch $(VENV)/.installed-infra $@
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -41,12 +50,12 @@ $(CHECKOV_VENV)/.installed:
 	touch $@
 
 ## synth: synthesize TrainingStack for ENV (default dev) offline and print the plan
-synth: setup
+synth: setup-infra
 	env -u AWS_PROFILE AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= $(CDK) synth TrainingStack -c env=$(ENV) $(CDK_FLAGS) --quiet -o cdk.out/$(ENV)
 	$(VENV)/bin/btk plan --env $(ENV)
 
 ## synth-all: synthesize every environment into cdk.out/<env>
-synth-all: setup
+synth-all: setup-infra
 	rm -rf cdk.out/*/
 	for env in $$($(PY) -c 'import environments; print(" ".join(e.name for e in environments.ENVIRONMENTS))'); do
 	  env -u AWS_PROFILE AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= $(CDK) synth TrainingStack -c env=$$env $(CDK_FLAGS) --quiet -o cdk.out/$$env

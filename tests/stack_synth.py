@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+import environments
+
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 
 REPO = Path(__file__).resolve().parents[1]
-ENV_NAMES = ("dev", "staging", "prod")
+ENV_NAMES = tuple(env.name for env in environments.ENVIRONMENTS)
 
 
 @dataclass

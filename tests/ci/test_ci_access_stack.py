@@ -163,16 +163,18 @@ def test_bad_props_fail_with_one_line_naming_the_field(overrides: dict[str, Any]
 def test_context_turns_the_stack_on_and_selects_environments() -> None:
     assert ci_access_props_from_context({}, environments.ENVIRONMENTS) is None
     assert ci_access_props_from_context({"ci_access": "false"}, environments.ENVIRONMENTS) is None
+    chosen = [env.name for env in environments.ENVIRONMENTS[-2:]]
     props = ci_access_props_from_context(
-        {"ci_access": "true", "ci_environments": "staging, prod", "github_repo": REPO,
+        {"ci_access": "true", "ci_environments": ", ".join(chosen), "github_repo": REPO,
          "github_oidc_provider_arn": PROVIDER_ARN},
         environments.ENVIRONMENTS,
     )
     assert props is not None
-    assert [env.name for env in props.environments] == ["staging", "prod"]
+    assert [env.name for env in props.environments] == chosen
     assert props.github_repo == REPO and props.existing_provider_arn == PROVIDER_ARN
     with pytest.raises(BtkError, match=r"ci_environments names unknown environment\(s\) qa: use names from"):
-        ci_access_props_from_context({"ci_access": "true", "ci_environments": "dev,qa"}, environments.ENVIRONMENTS)
+        context = {"ci_access": "true", "ci_environments": f"{environments.DEFAULT_ENVIRONMENT},qa"}
+        ci_access_props_from_context(context, environments.ENVIRONMENTS)
 
 
 def test_the_app_only_gets_the_stack_when_asked() -> None:
@@ -188,11 +190,12 @@ def test_cdk_app_adds_the_stack_only_with_ci_access_context(tmp_path: Any) -> No
     """`cdk synth CiAccessStack -c ci_access=true ...` goes through app.build_app, cdk-nag included."""
     from app import build_app
 
-    app = build_app({"env": "dev", "ci_access": "true", "github_repo": REPO}, outdir=str(tmp_path / "on"))
+    context = {"env": environments.DEFAULT_ENVIRONMENT, "ci_access": "true", "github_repo": REPO}
+    app = build_app(context, outdir=str(tmp_path / "on"))
     assembly = app.synth()  # cdk-nag runs over both stacks; an unacknowledged finding raises
     template = assembly.get_stack_by_name("CiAccessStack").template
     assert len(of_type(template, "AWS::IAM::Role")) == len(environments.ENVIRONMENTS) + 1
 
-    app = build_app({"env": "dev"}, outdir=str(tmp_path / "off"))
+    app = build_app({"env": environments.DEFAULT_ENVIRONMENT}, outdir=str(tmp_path / "off"))
     assert app.node.try_find_child("CiAccessStack") is None
     assert app.node.try_find_child("TrainingStack") is not None

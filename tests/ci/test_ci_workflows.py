@@ -30,7 +30,7 @@ def checks() -> dict[str, Any]:
 
 
 def _qa() -> EnvironmentConfig:
-    return EnvironmentConfig(name="qa", availability_zone="us-east-1a", profiles=("llama3.2-1b",),
+    return EnvironmentConfig(name="qa", availability_zone="us-east-1a", profiles=environments.ENVIRONMENTS[0].profiles,
                              capacity=OnDemandCapacity())
 
 
@@ -41,12 +41,11 @@ def test_every_environment_has_a_chained_oidc_deploy_job(deploy: dict[str, Any])
     assert rules.deploy_workflow_problems(deploy, environments.ENVIRONMENTS) == []
 
 
-def test_deploy_order_is_dev_staging_prod(deploy: dict[str, Any]) -> None:
+def test_deploys_follow_the_order_of_environments(deploy: dict[str, Any]) -> None:
     jobs = deploy["jobs"]
-    assert rules.job_needs(jobs["deploy-prod"]) == ["deploy-staging"]
-    assert rules.job_needs(jobs["deploy-staging"]) == ["deploy-dev"]
-    assert rules.job_needs(jobs["deploy-dev"]) == ["test"]
-    for name in ("dev", "staging", "prod"):
+    names = [env.name for env in environments.ENVIRONMENTS]
+    for previous, name in zip(["test", *(f"deploy-{n}" for n in names)], names, strict=False):
+        assert rules.job_needs(jobs[f"deploy-{name}"]) == [previous]
         assert rules.job_environment(jobs[f"deploy-{name}"]) == name
 
 
@@ -69,9 +68,9 @@ def test_pushes_deploy_everything_and_dispatch_deploys_up_to_the_choice(deploy: 
     assert choice["type"] == "choice"
     assert choice["options"] == [env.name for env in environments.ENVIRONMENTS]
     jobs = deploy["jobs"]
-    assert "if" not in jobs["deploy-dev"]
-    assert "inputs.environment == 'dev'" not in jobs["deploy-staging"]["if"]
-    assert jobs["deploy-prod"]["if"] == "github.event_name == 'push' || inputs.environment == 'prod'"
+    first, *_, last = [env.name for env in environments.ENVIRONMENTS]
+    assert "if" not in jobs[f"deploy-{first}"]
+    assert jobs[f"deploy-{last}"]["if"] == f"github.event_name == 'push' || inputs.environment == '{last}'"
     guard = jobs["test"]["steps"][0]
     assert guard["if"] == "github.ref != 'refs/heads/main'" and "exit 1" in guard["run"]
 
@@ -79,22 +78,25 @@ def test_pushes_deploy_everything_and_dispatch_deploys_up_to_the_choice(deploy: 
 def test_an_environment_without_a_deploy_job_fails_with_what_to_add(
     deploy: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    names = [env.name for env in environments.ENVIRONMENTS]
     monkeypatch.setattr(environments, "ENVIRONMENTS", (*environments.ENVIRONMENTS, _qa()))
     problems = rules.deploy_workflow_problems(deploy, environments.ENVIRONMENTS)
     assert problems, "a missing deploy job must be reported"
     missing = problems[0]
     assert "environment 'qa' from environments.py has no deploy job in .github/workflows/deploy.yml" in missing
     for what_to_add in (
-        "add a job 'deploy-qa'", "copy deploy-prod", "`environment: qa`", "`needs: deploy-prod`",
+        "add a job 'deploy-qa'", f"copy deploy-{names[-1]}", "`environment: qa`", f"`needs: deploy-{names[-1]}`",
         "group: deploy-qa", "`-c env=qa`", "add 'qa' to on.workflow_dispatch.inputs.environment.options",
     ):
         assert what_to_add in missing
-    assert any("options is ['dev', 'staging', 'prod']: make it ['dev', 'staging', 'prod', 'qa']" in p for p in problems)
+    assert any(f"options is {names}: make it {[*names, 'qa']}" in p for p in problems)
 
 
 def test_a_deploy_job_for_an_unknown_environment_is_reported(deploy: dict[str, Any]) -> None:
-    problems = rules.deploy_workflow_problems(deploy, environments.ENVIRONMENTS[:2])
-    assert any("job 'deploy-prod' deploys environment 'prod', which environments.py does not define" in p
+    *kept, dropped = environments.ENVIRONMENTS
+    problems = rules.deploy_workflow_problems(deploy, tuple(kept))
+    name = dropped.name
+    assert any(f"job 'deploy-{name}' deploys environment '{name}', which environments.py does not define" in p
                for p in problems)
 
 

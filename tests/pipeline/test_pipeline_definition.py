@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import environments
-from btk.catalog import get_profile
+from btk.catalog import all_profiles, get_profile
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
 from btk.naming import environment_prefix, job_name_prefix, pipeline_name
@@ -24,11 +24,13 @@ from training_constructs.pipeline_definition import (
     build_pipeline_definition,
 )
 
+# A profile outside staging, to check that a spec refuses it.
+OUTSIDE_STAGING = next(name for name in sorted(all_profiles()) if name not in environments.STAGING.profiles)
 KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 
 
 def _spec(**changes: Any) -> PipelineSpec:
-    profile = get_profile("llama3.2-1b")
+    profile = get_profile(environments.STAGING.profiles[0])
     spec = PipelineSpec(
         environment=environments.STAGING,
         profile=profile,
@@ -72,7 +74,7 @@ def test_every_name_of_an_environment_starts_with_its_prefix(env_name: str, prof
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"profile": get_profile("qwen2.5-32b")}, "profile 'qwen2.5-32b' is not in environment 'staging'"),
+        ({"profile": get_profile(OUTSIDE_STAGING)}, f"profile '{OUTSIDE_STAGING}' is not in environment 'staging'"),
         ({"role_arn": "exec-role"}, "role_arn 'exec-role' must be an IAM role ARN"),
         ({"checkpoint_s3_uri": "/tmp/ckpt"}, "checkpoint_s3_uri '/tmp/ckpt' must be an s3:// URI"),
         ({"image_uri": ""}, "pipeline image_uri is empty"),
@@ -134,8 +136,8 @@ def test_existing_plan_default_and_on_plan_branch_has_no_spot() -> None:
 
 
 def test_prod_multi_node_encrypts_inter_node_traffic() -> None:
-    prod = environments.PROD
-    profile = get_profile("qwen2.5-32b")
+    prod = environments.PROD.model_copy(update={"instance_count": 2, "inter_container_encryption": True})
+    profile = get_profile(prod.profiles[-1])
     spec = _spec(environment=prod, profile=profile, knobs=TrainingKnobs(micro_batch_size=1, seq_len=4096))
     definition = build_pipeline_definition(spec)
     arguments = _train(definition)

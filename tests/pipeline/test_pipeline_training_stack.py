@@ -81,7 +81,7 @@ def test_every_environment_both_training_steps_validate_against_botocore(synth: 
 
 def test_validation_rejects_a_broken_real_argument(synths: dict[str, Synth]) -> None:
     """The control: the same resolution and validation catch a wrong type in the real stack."""
-    template = synths["prod"].template
+    template = synths[environments.ENVIRONMENTS[-1].name].template
     definition = next(iter(_definitions(template).values()))
     step = _training_steps(definition)[STEP_TRAIN]
     defaults = {p["Name"]: p.get("DefaultValue") for p in definition["Parameters"]}

@@ -1,0 +1,125 @@
+"""The README's "Add a model profile" steps, applied as written to a copy of the project.
+
+The copy gets the README's profile appended to ``profiles/llama.py`` and the README's
+``profiles=`` line in ``STAGING``; the tests that read ``profiles/`` and ``environments.py``
+then run there, as ``make test`` would after such a pull request, and ``btk plan`` plans it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+# The README's code blocks are found by these markers, so the test follows the README as written.
+PROFILE_MARKER = "<!-- readme-example: add-profile -->"
+ENVIRONMENT_MARKER = "<!-- readme-example: add-to-environment -->"
+# Where the README says to put them.
+FAMILY_MODULE = Path("profiles/llama.py")
+ENVIRONMENT_VARIABLE = "STAGING"
+ENVIRONMENT_NAME = "staging"
+# The tests whose expectations come from profiles/ and environments.py.
+CONFIG_TESTS = (
+    "tests/core/test_profiles.py",
+    "tests/cli/test_planning_cli.py::test_profiles_table_lists_catalog",
+    "tests/cli/test_planning_cli.py::test_plan_env_plans_every_profile",
+    "tests/infra/test_infra_environments.py",
+    "tests/ci/test_ci_workflows.py",
+    "tests/pipeline/test_pipeline_definition.py",
+    "tests/pipeline/test_pipeline_stack.py::test_one_pipeline_per_profile_named_for_env_and_profile",
+    "tests/pipeline/test_pipeline_stack.py::test_hyperparameters_are_the_planners_knobs",
+)
+TOOL_ENVIRONMENT = {
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    "CDK_DISABLE_VERSION_CHECK": "1",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "SAGEMAKER_VALIDATE_ROLE": "false",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+def readme_example(marker: str) -> str:
+    """The first ```python block after ``marker`` in README.md."""
+    readme = (REPO / "README.md").read_text()
+    assert marker in readme, f"README.md lost its marker {marker}"
+    start = readme.index("```python\n", readme.index(marker)) + len("```python\n")
+    return readme[start : readme.index("\n```", start)] + "\n"
+
+
+def copy_project(target: Path) -> None:
+    """The working tree's files that git tracks or would track; the virtualenv and node_modules linked."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        source = REPO / os.fsdecode(name)
+        if source.is_file():  # a tracked file deleted in the working tree is skipped
+            (target / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / os.fsdecode(name))
+    for linked in (".venv", "node_modules"):
+        (target / linked).symlink_to(REPO / linked, target_is_directory=True)
+
+
+def add_profile(project: Path) -> str:
+    """README step 1: add KnobPins to the import line, append the example; returns the profile's name."""
+    module = project / FAMILY_MODULE
+    example = readme_example(PROFILE_MARKER)
+
+    def with_knob_pins(match: re.Match[str]) -> str:
+        names = {name.strip() for name in match.group(1).split(",")} | {"KnobPins"}
+        return "from btk.profile import " + ", ".join(sorted(names))
+
+    pattern = r"^from btk\.profile import ([\w, ]+)$"
+    source, count = re.subn(pattern, with_knob_pins, module.read_text(), count=1, flags=re.M)
+    assert count == 1, f"{FAMILY_MODULE} has no one-line `from btk.profile import ...` to add KnobPins to"
+    module.write_text(f"{source}\n\n{example}")
+    name = re.search(r'name="([^"]+)"', example)
+    assert name is not None, "the README's profile example names no profile"
+    return name.group(1)
+
+
+def add_to_environment(project: Path) -> None:
+    """README step 2: the README's ``profiles=`` line replaces the environment's."""
+    path = project / "environments.py"
+    source = path.read_text()
+    line = readme_example(ENVIRONMENT_MARKER).rstrip("\n")
+    start = source.index(f"{ENVIRONMENT_VARIABLE} = EnvironmentConfig(")
+    profiles_line = source.index("    profiles=", start)
+    path.write_text(source[:profiles_line] + line + source[source.index("\n", profiles_line) :])
+
+
+def run(project: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``argv`` in the copy, importing the copy's modules first (not the editable install's)."""
+    env = {**os.environ, **TOOL_ENVIRONMENT, "PYTHONPATH": str(project)}
+    return subprocess.run(
+        [sys.executable, *argv], cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_adding_a_profile_the_readme_way_keeps_the_checks_green(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    copy_project(project)
+    added = add_profile(project)
+    add_to_environment(project)
+
+    plan = run(project, "-m", "btk.cli", "plan", added, "--format", "json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["profile"] == added
+
+    plans = run(project, "-m", "btk.cli", "plan", "--env", ENVIRONMENT_NAME, "--format", "json")
+    assert plans.returncode == 0, plans.stderr
+    assert added in [entry["profile"] for entry in json.loads(plans.stdout)]
+
+    tests = run(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CONFIG_TESTS)
+    assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
