@@ -46,6 +46,11 @@ DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_POLL_SECONDS = 15.0
 #: CreateTrainingPlan error codes for a plan name that is already taken.
 NAME_TAKEN_CODES = ("ResourceInUse",)
+#: SageMaker terminates a training plan's instances this long before its capacity ends.
+CAPACITY_TERMINATION_LEAD_SECONDS = 30 * 60
+#: The trainer stops this long before that termination: a large model's checkpoint takes
+#: minutes to write, and SageMaker's background sync to S3 must upload it before the instance goes.
+CAPACITY_STOP_MARGIN_SECONDS = 15 * 60
 
 
 class CapacityError(Exception):

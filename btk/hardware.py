@@ -6,8 +6,9 @@ and should be checked against the current price list before budgeting.
 
 ``achieved_matmul_fraction`` and ``non_matmul_overhead`` are not datasheet numbers: they are
 the fraction of dense peak a PyTorch (torchtitan-style) training step reaches on the GPU's
-matmuls, and the non-matmul time relative to the bf16 matmul time, fitted by
-``benchmarks/calibrate.py`` to published torchtitan measurements (``docs/calibration.md``).
+matmuls, and the bandwidth-bound non-matmul time relative to the bf16 matmul time
+(``btk/planner/throughput.py``), fitted per GPU family by ``benchmarks/calibrate.py`` to
+published measurements (``docs/calibration.md``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ class Fact:
     source: str
     date: str
     estimate: bool = False
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Whether AWS offers something for an instance type, with where and when that was read."""
+
+    offered: bool
+    source: str
+    date: str
+
+
+#: Managed spot training is assumed absent unless a source shows it for the instance type.
+SPOT_NOT_SHOWN = Offer(False, "no AWS source found listing it for SageMaker managed spot training", "2025-06")
 
 
 @dataclass(frozen=True)
@@ -65,10 +79,55 @@ class InstanceType:
     usd_per_hour: Fact
     notes: str = ""
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    #: Environment of the training processes on this instance type (NCCL/libfabric settings);
+    #: the entrypoint applies it, so an image runs unchanged on instances without EFA.
+    network_environment: dict[str, str] = field(default_factory=dict)
+    #: Managed spot training (``EnableManagedSpotTraining``) on this type; environments asking
+    #: for spot where it is not offered are refused at synth.
+    managed_spot: Offer = SPOT_NOT_SHOWN
 
     @property
     def hbm_gib(self) -> float:
         return self.gpu.hbm_gib.value
+
+    @property
+    def has_efa(self) -> bool:
+        return self.efa_gbps_per_node.value > 0
+
+    @property
+    def nominal_allreduce_busbw_gbps(self) -> float:
+        """Nominal inter-node all-reduce bus bandwidth, GB/s: the node's EFA bandwidth in bytes.
+
+        A ring all-reduce across nodes moves each node's share over all of its EFA devices at
+        once, so NCCL's bus bandwidth (nccl-tests' ``busbw``) tends to the node's network
+        bandwidth: 3,200 Gbit/s is 400 GB/s.
+        """
+        return self.efa_gbps_per_node.value / 8
+
+    @property
+    def min_allreduce_busbw_gbps(self) -> float:
+        """The network pre-flight's threshold: nominal bus bandwidth x PREFLIGHT_BUSBW_SAFETY_FACTOR."""
+        return self.nominal_allreduce_busbw_gbps * PREFLIGHT_BUSBW_SAFETY_FACTOR
+
+
+#: The pre-flight's all-reduce (one 256 MiB buffer, a few iterations, right after start-up) reaches
+#: well below a tuned nccl-tests peak, so it must only beat a quarter of the nominal bandwidth.
+#: What it catches is an order of magnitude lower: NCCL on TCP sockets over the ENA interface, or
+#: a node whose EFA devices are mostly missing.
+PREFLIGHT_BUSBW_SAFETY_FACTOR = 0.25
+
+#: NCCL/libfabric settings of EFA instance types. The image installs the EFA user space
+#: (libfabric, aws-ofi-nccl); these make NCCL load that plugin and libfabric use EFA.
+EFA_NETWORK_ENVIRONMENT: dict[str, str] = {
+    # libfabric: the EFA provider only (no silent fallback to its TCP provider).
+    "FI_PROVIDER": "efa",
+    # GPUDirect RDMA: EFA reads/writes GPU memory directly (P4de, P5, P5en, P6 support it).
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    # Data-loader workers fork after EFA registered memory; keep the fork safe.
+    "FI_EFA_FORK_SAFE": "1",
+    # EFA installer >= 1.44 names the plugin libnccl-net-ofi.so: NCCL loads libnccl-net-<this>.so.
+    "NCCL_NET_PLUGIN": "ofi",
+}
 
 
 NVIDIA_B200_DATASHEET = "NVIDIA HGX B200 datasheet (dense = half the sparse figure)"
@@ -90,10 +149,10 @@ B200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(
-        0.432, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x B200 (power-limited), bf16+fp8", "2025-08"
+        0.467, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.652, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x B200 (power-limited), bf16+fp8", "2025-08"
+        0.504, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -109,10 +168,10 @@ H200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
     achieved_matmul_fraction=Fact(
-        0.577, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+        0.507, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.209, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+        0.428, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -128,10 +187,10 @@ H100 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
     achieved_matmul_fraction=Fact(
-        0.577, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+        0.507, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.209, "benchmarks/calibrate.py fit to torchtitan Llama 3 8B, 8x H100 (500 W), bf16+fp8", "2024-12"
+        0.428, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -143,10 +202,10 @@ A100_80GB = GpuSpec(
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
     achieved_matmul_fraction=Fact(
-        0.577, "assumed equal to Hopper's fit (no A100 calibration run)", "2024-12", estimate=True
+        0.507, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
     non_matmul_overhead=Fact(
-        0.209, "assumed equal to Hopper's fit (no A100 calibration run)", "2024-12", estimate=True
+        0.428, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
 )
 
@@ -174,6 +233,14 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             efa_gbps_per_node=Fact(3200.0, "AWS P6-B200 instance page: 3.2 Tbps EFAv4", "2025-05"),
             usd_per_hour=Fact(113.93, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p6-b200", "b200"),
+            managed_spot=Offer(
+                False,
+                "AWS sells P6-B200 through Capacity Blocks / SageMaker training plans; no spot market at launch "
+                "(gpueconomics.com 'Understanding AWS Capacity Blocks for GPUs'); SageMaker lists no "
+                "'ml.p6-b200.48xlarge for spot training job usage' quota",
+                "2025-06",
+            ),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
         ),
         InstanceType(
             "ml.p5en.48xlarge",
@@ -182,6 +249,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             efa_gbps_per_node=Fact(3200.0, "AWS P5en instance page: 3.2 Tbps EFAv3", "2024-09"),
             usd_per_hour=Fact(63.30, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p5en", "h200"),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
         ),
         InstanceType(
             "ml.p5.48xlarge",
@@ -190,6 +258,10 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             efa_gbps_per_node=Fact(3200.0, "AWS P5 instance page: 3.2 Tbps EFAv2", "2023-07"),
             usd_per_hour=Fact(55.04, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p5", "h100"),
+            managed_spot=Offer(
+                True, "Service Quotas, Amazon SageMaker: 'ml.p5.48xlarge for spot training job usage'", "2025-06"
+            ),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
         ),
         InstanceType(
             "ml.p4de.24xlarge",
@@ -198,6 +270,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             efa_gbps_per_node=Fact(400.0, "AWS P4de instance page: 400 Gbps EFA", "2022-05"),
             usd_per_hour=Fact(27.45, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p4de", "a100"),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
         ),
     )
 }
@@ -218,22 +291,3 @@ def get_instance_type(name: str) -> InstanceType:
 
 def supports_precision(instance: InstanceType, precision: Precision) -> bool:
     return instance.gpu.supports(precision)
-
-
-# Systems of published measurements, used to calibrate the models (not SageMaker instances).
-REFERENCE_SYSTEMS: dict[str, InstanceType] = {
-    "torchtitan-h100-96gb-8gpu": InstanceType(
-        "torchtitan-h100-96gb-8gpu",
-        H100_96GB_GRAND_TETON,
-        8,
-        efa_gbps_per_node=Fact(3200.0, "torchtitan benchmark: 400 Gb/s RDMA per GPU", "2024-12"),
-        usd_per_hour=Fact(0.0, "not a rentable instance", "2024-12", estimate=True),
-    ),
-    "torchtitan-b200-8gpu": InstanceType(
-        "torchtitan-b200-8gpu",
-        B200,
-        8,
-        efa_gbps_per_node=Fact(3200.0, "single node: not used", "2025-08"),
-        usd_per_hour=Fact(0.0, "not a rentable instance", "2025-08", estimate=True),
-    ),
-}

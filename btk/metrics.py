@@ -54,7 +54,12 @@ METRICS: tuple[Metric, ...] = (
     # Steps skipped so far for a NaN/inf loss or gradient norm: a NaN loss prints as "nan",
     # which no number regex matches, so divergence shows here instead.
     Metric("nonfinite_steps", "train:nonfinite_steps", "{:d}", "count"),
+    # Printed once per job by the network pre-flight (btk_trainer.preflight), on a line of its
+    # own (format_preflight_line): NCCL all-reduce bus bandwidth across all nodes, GB/s (1e9).
+    Metric("allreduce_busbw_gbps", "train:allreduce_busbw_gbps", "{:.1f}", "GB/s"),
 )
+#: The metrics of the per-step training line (format_metric_line); the rest have lines of their own.
+TRAINING_METRICS: tuple[Metric, ...] = tuple(metric for metric in METRICS if metric.key != "allreduce_busbw_gbps")
 METRICS_BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 
 METRIC_DEFINITIONS: list[dict[str, str]] = [
@@ -82,8 +87,14 @@ def format_metric_line(
         "peak_memory_gib": peak_memory_gib,
         "nonfinite_steps": nonfinite_steps,
     }
-    fields = " ".join(f"{m.key}={m.fmt.format(values[m.key])}" for m in METRICS)
+    fields = " ".join(f"{m.key}={m.fmt.format(values[m.key])}" for m in TRAINING_METRICS)
     return f"{LINE_PREFIX} {fields}"
+
+
+def format_preflight_line(*, allreduce_busbw_gbps: float) -> str:
+    """Format the network pre-flight's metric line (printed once per job, before training)."""
+    metric = METRICS_BY_KEY["allreduce_busbw_gbps"]
+    return f"{LINE_PREFIX} {metric.key}={metric.fmt.format(allreduce_busbw_gbps)}"
 
 
 def parse_metric_line(line: str) -> dict[str, float] | None:

@@ -54,7 +54,9 @@ from training_constructs.sagemaker_service import (
 PIPELINE_FAILED_DETAIL_TYPE = "SageMaker Model Building Pipeline Execution Status Change"
 TRAINING_JOB_DETAIL_TYPE = "SageMaker Training Job State Change"
 #: Metrics drawn per profile, one graph each.
-DASHBOARD_METRICS = ("loss", "tokens_per_second_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
+DASHBOARD_METRICS = (
+    "loss", "tokens_per_second_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "allreduce_busbw_gbps",
+)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from btk.cli.arguments import printable
 from btk.errors import BtkError
 
 COMMAND_MODULES = ("btk.cli.planning", "btk.cli.capacity", "btk.cli.report")
@@ -25,7 +26,15 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exits 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        # argparse echoes some arguments verbatim ("unrecognized arguments: …"): keep them on one line.
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(message)}\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse before 3.13 drops a value that is exactly "--" (``--nodes=--``) and hands the
+        # option an empty list instead of reporting the missing value.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return super()._get_values(action, arg_strings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,12 +51,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a full disk under `btk … > FILE` surfaces here, not at exit
+        return code
     except BtkError as error:
-        print(f"btk: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(str(error))
     except BrokenPipeError:  # pragma: no cover - e.g. `btk profiles | head`
         return 0
+    except OSError as error:  # the output cannot be written: full disk, read-only file system
+        where = f" ({error.filename!r})" if error.filename else ""
+        return _fail(f"cannot write the output{where}: {error.strerror or error}")
+
+
+def _fail(message: str) -> int:
+    print(f"btk: error: {printable(message)}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def run() -> NoReturn:

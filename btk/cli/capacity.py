@@ -10,6 +10,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from btk.cli.arguments import non_empty
 from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
 from btk.table import Column, Table
@@ -28,10 +29,12 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="capacity_command", required=True, parser_class=type(parser))
 
     search = commands.add_parser("search", help="offerings for a profile, with the fee per billion tokens")
-    search.add_argument("--env", required=True, help="environment name (environments.py)")
-    search.add_argument("--profile", required=True, help="model profile whose throughput prices the tokens")
-    search.add_argument("--start-after", help="ISO-8601 time; default: the reserve window's, else now")
-    search.add_argument("--end-before", help="ISO-8601 time; default: the reserve window's, else none")
+    search.add_argument("--env", type=non_empty, required=True, help="environment name (environments.py)")
+    search.add_argument(
+        "--profile", type=non_empty, required=True, help="model profile whose throughput prices the tokens"
+    )
+    search.add_argument("--start-after", type=non_empty, help="ISO-8601 time; default: the reserve window's, else now")
+    search.add_argument("--end-before", type=non_empty, help="ISO-8601 time; default: the reserve window's, else none")
     search.add_argument("--duration-hours", type=int, help=f"whole days in hours; default {DEFAULT_DURATION_HOURS}")
     search.add_argument("--instance-count", type=int, help="instances; default: the reserve count, else the env's")
     add_format_argument(search)
@@ -41,7 +44,7 @@ def register(subparsers: Any) -> None:
         "show",
         help="the environment's plan: on-demand, existing ARN or reserve name (exit 1: the existing plan does not fit)",
     )
-    show.add_argument("--env", required=True, help="environment name (environments.py)")
+    show.add_argument("--env", type=non_empty, required=True, help="environment name (environments.py)")
     add_format_argument(show)
     show.set_defaults(handler=_show)
 
@@ -61,7 +64,7 @@ def _search(args: argparse.Namespace) -> int:
     except capacity.CapacityError as error:
         raise BtkError(str(error)) from None
 
-    rows = [_offering_row(offering, env, tokens_per_second_per_gpu, gpus) for offering in offerings]
+    rows = _best_value_first([_offering_row(offering, env, tokens_per_second_per_gpu, gpus) for offering in offerings])
     if args.output_format == JSON:
         print_json(
             {
@@ -104,17 +107,14 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
     if env.instance_type not in capacity.plan_instance_types():
         raise BtkError(f"environment {env.name}: instance_type {env.instance_type} is not sold as a training plan")
     reserve = env.capacity if isinstance(env.capacity, ReservePlanCapacity) else None
-    try:
-        if args.start_after:
-            start = capacity.parse_iso(args.start_after, "--start-after")
-        else:
-            start = reserve.start_after if reserve else datetime.now(UTC).replace(microsecond=0)
-        if args.end_before:
-            end: datetime | None = capacity.parse_iso(args.end_before, "--end-before")
-        else:
-            end = reserve.end_before if reserve else None
-    except capacity.CapacityError as error:
-        raise BtkError(str(error)) from None
+    if args.start_after is not None:
+        start = _parse_time(args.start_after, "--start-after")
+    else:
+        start = reserve.start_after if reserve else datetime.now(UTC).replace(microsecond=0)
+    if args.end_before is not None:
+        end: datetime | None = _parse_time(args.end_before, "--end-before")
+    else:
+        end = reserve.end_before if reserve else None
     if args.duration_hours is not None:
         duration = args.duration_hours
     else:
@@ -141,6 +141,18 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
     )
 
 
+def _parse_time(text: str, option: str) -> datetime:
+    """``text`` as a UTC instant; one line when it is no ISO-8601 time or lies outside years 1 to 9999 in UTC."""
+    from btk import capacity
+
+    try:
+        return capacity.parse_iso(text, option)
+    except capacity.CapacityError as error:
+        raise BtkError(str(error)) from None
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise BtkError(f"{option} {text!r} is out of range: give a time between years 1 and 9999 in UTC") from None
+
+
 def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[str, float, int]:
     """(profile, planner tokens/s per GPU, GPUs) for ``nodes`` instances of the env's type."""
     from btk.catalog import get_profile
@@ -155,14 +167,26 @@ def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[
 
 def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:
     """The offering's JSON plus whether it is in the environment's AZ and its tokens and fee per billion."""
-    from btk.planner.cost import fee_per_billion_tokens, tokens_billion
+    from btk.planner.cost import plan_fee_per_billion_tokens, plan_tokens_billion, usable_plan_hours
 
     row = offering.to_json()
     row["in_environment_az"] = offering.in_zone(env.availability_zone)
-    row["tokens_billion"] = round(tokens_billion(tokens_per_second, gpus, offering.duration_hours), 3)
-    fee = fee_per_billion_tokens(offering.upfront_fee, tokens_per_second, gpus, offering.duration_hours)
+    row["usable_hours"] = round(usable_plan_hours(offering.duration_hours), 2)
+    row["tokens_billion"] = round(plan_tokens_billion(tokens_per_second, gpus, offering.duration_hours), 3)
+    fee = plan_fee_per_billion_tokens(offering.upfront_fee, tokens_per_second, gpus, offering.duration_hours)
     row["fee_per_billion_tokens"] = round(fee, 2) if fee is not None else None
     return row
+
+
+def _best_value_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Offerings in the environment's AZ first (only they can be bought), then by fee per billion
+    trainable tokens (unknown fees last), then by start and id: what a billion tokens costs on each."""
+
+    def key(row: dict[str, Any]) -> tuple[bool, bool, float, str, str]:
+        fee = row["fee_per_billion_tokens"]
+        return (not row["in_environment_az"], fee is None, fee or 0.0, row["start_time"] or "~", row["offering_id"])
+
+    return sorted(rows, key=key)
 
 
 def _fee(value: float | None) -> str:

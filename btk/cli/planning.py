@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from btk.cli.arguments import max_nodes, node_count, non_empty
 from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
 from btk.table import Column, Table
 
 if TYPE_CHECKING:
     from btk.profile import ModelProfile
+
+_NODES_HELP = f"number of instances, 1 to {max_nodes()} (default 1)"
 
 
 def register(subparsers: Any) -> None:
@@ -19,18 +22,22 @@ def register(subparsers: Any) -> None:
     profiles.set_defaults(handler=cmd_profiles)
 
     plan = subparsers.add_parser("plan", help="choose the knobs for a profile (or every profile of --env)")
-    plan.add_argument("profile", nargs="?", help="profile name (see `btk profiles`)")
-    plan.add_argument("--env", help="plan every profile of this environment on its instance type and count")
-    plan.add_argument("--instance", default=None, help="instance type (default ml.p6-b200.48xlarge)")
-    plan.add_argument("--nodes", type=_positive_int, default=None, help="number of instances (default 1)")
+    plan.add_argument("profile", nargs="?", type=non_empty, help="profile name (see `btk profiles`)")
+    plan.add_argument(
+        "--env", type=non_empty, help="plan every profile of this environment on its instance type and count"
+    )
+    plan.add_argument("--instance", type=non_empty, default=None, help="instance type (default ml.p6-b200.48xlarge)")
+    plan.add_argument("--nodes", type=node_count, default=None, help=_NODES_HELP)
     add_format_argument(plan)
-    plan.add_argument("--plot", metavar="FILE.png", help="draw memory and throughput of the top candidates")
+    plan.add_argument(
+        "--plot", type=non_empty, metavar="FILE.png", help="draw memory and throughput of the top candidates"
+    )
     plan.set_defaults(handler=cmd_plan)
 
     estimate = subparsers.add_parser("estimate", help="evaluate a given knob set (what-if, no search)")
-    estimate.add_argument("profile")
-    estimate.add_argument("--instance", default="ml.p6-b200.48xlarge")
-    estimate.add_argument("--nodes", type=_positive_int, default=1)
+    estimate.add_argument("profile", type=non_empty)
+    estimate.add_argument("--instance", type=non_empty, default="ml.p6-b200.48xlarge")
+    estimate.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
     estimate.add_argument(
         "--set",
         dest="settings",
@@ -43,25 +50,16 @@ def register(subparsers: Any) -> None:
     estimate.set_defaults(handler=cmd_estimate)
 
     compare = subparsers.add_parser("compare", help="best knobs, speed and cost of a profile on several instance types")
-    compare.add_argument("profile")
+    compare.add_argument("profile", type=non_empty)
     compare.add_argument(
         "--instances",
+        type=non_empty,
         default="ml.p4de.24xlarge,ml.p5.48xlarge,ml.p5en.48xlarge,ml.p6-b200.48xlarge",
         help="comma-separated instance types",
     )
-    compare.add_argument("--nodes", type=_positive_int, default=1)
+    compare.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
     add_format_argument(compare)
     compare.set_defaults(handler=cmd_compare)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 PROFILES_TABLE: Table[ModelProfile] = Table(
@@ -99,16 +97,18 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from btk.catalog import get_environment, get_profile
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
+    from btk.planner.plot import check_plot_path, plot_plan
     from btk.planner.search import plan_profile
 
-    if args.env and args.profile:
+    if args.env is not None and args.profile is not None:
         raise BtkError("give either a PROFILE or --env, not both")
-    if args.env:
+    plot = check_plot_path(args.plot) if args.plot is not None else None
+    if args.env is not None:
         env = get_environment(args.env)
         instance = get_instance_type(args.instance or env.instance_type)
         nodes = args.nodes or env.instance_count
         names = list(env.profiles)
-    elif args.profile:
+    elif args.profile is not None:
         instance = get_instance_type(args.instance or DEFAULT_INSTANCE_TYPE)
         nodes = args.nodes or 1
         names = [args.profile]
@@ -116,10 +116,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise BtkError("plan needs a PROFILE (see `btk profiles`) or --env ENV")
 
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
-    if args.plot:
-        from btk.planner.plot import plot_plan
-
-        plot_plan(plans[0], args.plot)
+    if plot is not None:
+        plot_plan(plans[0], plot)
     if args.output_format == JSON:
         print_json(plans[0].to_json() if args.profile else [plan.to_json() for plan in plans])
         return 0
@@ -142,7 +140,7 @@ def parse_settings(settings: list[str]) -> dict[str, str]:
         if not sep or not key or not value.strip():
             raise BtkError(f"--set {item!r} is malformed: use KEY=VALUE, e.g. --set micro_batch_size=4")
         if key not in KNOB_FIELDS:
-            raise BtkError(f"--set {key}: unknown knob; known: {', '.join(KNOB_FIELDS)}")
+            raise BtkError(f"--set {key!r}: unknown knob; known: {', '.join(KNOB_FIELDS)}")
         values[key] = value.strip()
     return values
 

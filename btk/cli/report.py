@@ -14,14 +14,16 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from btk.cli.arguments import non_empty, non_empty_path
 from btk.cli.output import JSON, MARKDOWN, TABLE, add_format_argument
 from btk.errors import BtkError
 
 if TYPE_CHECKING:
     from btk.report.predict import Predictor
+
+DEFAULT_SINCE = "30d"
 
 
 def register(subparsers: Any) -> None:
@@ -30,17 +32,35 @@ def register(subparsers: Any) -> None:
         help="experiment economics: cost per successful run, failures, capacity wait, predicted vs achieved",
         description="Report on an environment's SageMaker training jobs (read-only AWS calls).",
     )
-    parser.add_argument("--env", help="environment name from environments.py (required)")
-    parser.add_argument("--profile", help="only this profile (default: every profile of the environment)")
-    parser.add_argument("--since", default="30d", help="window: a duration (30d, 12h, 2w) or a date (default 30d)")
+    parser.add_argument("--env", type=non_empty, help="environment name from environments.py (required)")
+    parser.add_argument(
+        "--profile", type=non_empty, help="only this profile (default: every profile of the environment)"
+    )
+    parser.add_argument(
+        "--since", type=non_empty, help=f"window: a duration (30d, 12h, 2w) or a date (default {DEFAULT_SINCE})"
+    )
     add_format_argument(parser, (TABLE, MARKDOWN, JSON))
-    parser.add_argument("--plot", type=Path, metavar="DIR", help="also write PNG charts into DIR")
-    parser.add_argument("--json-schema", action="store_true", help="print the JSON schema of --format json and exit")
+    parser.add_argument("--plot", type=non_empty_path, metavar="DIR", help="also write PNG charts into DIR")
+    parser.add_argument(
+        "--json-schema", action="store_true", help="print the JSON schema of --format json and exit (no other option)"
+    )
     parser.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
     return run_report(args)
+
+
+def _window_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that choose what to report (``--json-schema`` takes none of them)."""
+    output_format = None if args.output_format == TABLE else args.output_format
+    return {
+        "--env": args.env,
+        "--profile": args.profile,
+        "--since": args.since,
+        "--plot": args.plot,
+        "--format": output_format,
+    }
 
 
 def run_report(
@@ -58,6 +78,9 @@ def run_report(
 
     out = stdout if stdout is not None else sys.stdout
     if args.json_schema:
+        given = [option for option, value in _window_options(args).items() if value is not None]
+        if given:
+            raise BtkError(f"--json-schema prints the schema only: drop {', '.join(given)}")
         out.write(json.dumps(report_json_schema(), indent=2) + "\n")
         return 0
 
@@ -65,6 +88,7 @@ def run_report(
     from btk.report import aws
     from btk.report.collect import collect
     from btk.report.economics import build_report
+    from btk.report.plots import check_plot_directory
     from btk.report.predict import planner_predictor
     from btk.report.render import render
     from btk.report.window import parse_since
@@ -78,7 +102,9 @@ def run_report(
             get_profile(args.profile)  # unknown names fail here with suggestions
         profiles = [args.profile]
     moment = now if now is not None else datetime.now(UTC)
-    since = parse_since(args.since, moment)
+    since = parse_since(args.since or DEFAULT_SINCE, moment)
+    if args.plot is not None:
+        check_plot_directory(args.plot)
 
     reader = aws.SageMakerReader(client if client is not None else aws.make_client(environment.region), sleep=sleep)
     collection = collect(

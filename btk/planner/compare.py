@@ -13,6 +13,7 @@ from typing import Any
 from btk.errors import InfeasiblePlanError
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
+from btk.planner.band import ErrorBand, band_for
 from btk.planner.search import longest_sequence_one_node, plan_profile
 from btk.profile import ModelProfile
 
@@ -36,6 +37,8 @@ class InstanceComparison:
     instance_type: str
     longest_seq_len_one_node: int
     planned: PlannedFigures | None
+    band: ErrorBand
+    """How far this GPU family's predictions missed published runs (leave-one-out)."""
     reason: str | None = None
     """Why no knob set fits (only when ``planned`` is None)."""
 
@@ -51,6 +54,7 @@ class InstanceComparison:
                 "fits": False,
                 "reason": self.reason,
                 "longest_seq_len_one_node": self.longest_seq_len_one_node,
+                "error_band": self.band.as_json(),
             }
         planned = self.planned
         return {
@@ -63,6 +67,7 @@ class InstanceComparison:
             "usd_per_billion_tokens": planned.usd_per_billion_tokens,
             "memory_gib": planned.memory_gib,
             "longest_seq_len_one_node": self.longest_seq_len_one_node,
+            "error_band": self.band.as_json(),
         }
 
 
@@ -72,7 +77,7 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
     try:
         plan = plan_profile(profile, instance, nodes)
     except InfeasiblePlanError as error:
-        return InstanceComparison(instance.name, longest, None, str(error))
+        return InstanceComparison(instance.name, longest, None, band_for(instance), str(error))
     estimate = plan.evaluation.estimate
     planned = PlannedFigures(
         knobs=plan.knobs,
@@ -82,7 +87,7 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
         usd_per_billion_tokens=round(estimate.usd_per_billion_tokens, 2),
         memory_gib=round(plan.evaluation.memory.total, 1),
     )
-    return InstanceComparison(instance.name, longest, planned)
+    return InstanceComparison(instance.name, longest, planned, band_for(instance))
 
 
 def compare_instances(profile: ModelProfile, instances: Sequence[InstanceType], nodes: int) -> list[InstanceComparison]:

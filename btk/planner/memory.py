@@ -20,6 +20,8 @@ The model sums, at the step's peak phase:
 
   Without ``torch.compile`` eager RMSNorm keeps two fp32 intermediates per norm (+16h).
   Tensor parallelism (no sequence parallelism) divides the head- and FFN-sharded terms.
+  K and V enter attention with their ``kv`` heads (SDPA ``enable_gqa``): no copy repeated to
+  the query heads is saved (that copy would add ``2·(h − kv)`` elements per token per layer).
 * **logits** — with a fused/compiled cross-entropy the bf16 logits and their gradient
   (4 B/vocab entry/token); the eager fp32 ``cross_entropy(logits.float())`` of older scripts
   peaks at bf16 logits + fp32 copy + fp32 log-softmax + fp32 gradient (14 B).

@@ -15,18 +15,27 @@ def _label(evaluation: Evaluation) -> str:
     return f"mb{k.micro_batch_size} {k.precision}\nac={k.activation_checkpointing} tp{k.tensor_parallel}"
 
 
-def plot_plan(plan: Plan, path: str, top: int = 8) -> Path:
+def check_plot_path(path: str) -> Path:
+    """``path`` as the PNG to write, or a one-line error: checked before the planner runs."""
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise BtkError(f"--plot {path!r}: the file name must end in .png")
+    if target.is_dir():
+        raise BtkError(f"--plot {path!r} is a directory: give a FILE.png inside it")
+    if not target.parent.is_dir():
+        what = "is not a directory" if target.parent.exists() else "does not exist"
+        raise BtkError(f"--plot {path!r}: {str(target.parent)!r} {what}")
+    return target
+
+
+def plot_plan(plan: Plan, path: str | Path, top: int = 8) -> Path:
     """Write a PNG: stacked per-GPU memory (left axis) and tokens/s/GPU (right axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise BtkError(f"--plot {path}: the file name must end in .png")
-    if not target.parent.exists():
-        raise BtkError(f"--plot {path}: directory {target.parent} does not exist")
+    target = check_plot_path(str(path))
     chosen = [plan.evaluation, *plan.alternatives]
     feasible = sorted((c for c in plan.candidates if c.fits), key=lambda c: -c.estimate.tokens_per_second_per_gpu)
     for candidate in feasible:
@@ -55,6 +64,10 @@ def plot_plan(plan: Plan, path: str, top: int = 8) -> Path:
     axis.set_title(f"{plan.profile.name} on {plan.nodes} x {plan.instance.name}: chosen plan first")
     axis.legend(loc="upper right", fontsize=7)
     figure.tight_layout()
-    figure.savefig(target, dpi=110)
-    plt.close(figure)
+    try:
+        figure.savefig(target, dpi=110)
+    except OSError as error:
+        raise BtkError(f"--plot {str(path)!r}: cannot write the file ({error.strerror or error})") from None
+    finally:
+        plt.close(figure)
     return target

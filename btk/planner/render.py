@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from btk.planner.band import band_for
 from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.search import Evaluation, Plan
 from btk.table import Column, Table
@@ -37,7 +38,7 @@ def render_plan(plan: Plan) -> str:
         f"{plan.profile.name} ({plan.profile.parameter_count / 1e9:.2f}B) on {plan.nodes} x {plan.instance.name} "
         f"({plan.nodes * plan.instance.gpus_per_node} x {plan.instance.gpu.name}, budget {best.budget_gib:.0f} GiB/GPU)"
     )
-    lines = [header, "plan:", render_evaluation(best), "why:"]
+    lines = [header, f"error band: {band_for(plan.instance).describe()}", "plan:", render_evaluation(best), "why:"]
     lines += [f"  - {line}" for line in plan.explanations]
     if plan.baseline is not None:
         lines += [
@@ -93,4 +94,6 @@ COMPARE_TABLE: Table[InstanceComparison] = Table(
 
 def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> str:
     lines = [f"{profile} on {nodes} node(s) of each instance type", ""]
-    return "\n".join(lines + COMPARE_TABLE.text(comparisons))
+    bands = ["", "error bands (how far the model missed published runs it was not fitted to):"]
+    bands += [f"  {c.instance_type:22} {c.band.describe()}" for c in comparisons]
+    return "\n".join(lines + COMPARE_TABLE.text(comparisons) + bands)

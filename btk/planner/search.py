@@ -32,6 +32,7 @@ from btk.knobs import (
     knob_combination_problem,
     knobs_to_hyperparameters,
 )
+from btk.planner.band import band_for
 from btk.planner.memory import MemoryBreakdown, estimate_memory
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
 from btk.profile import ModelProfile
@@ -107,6 +108,7 @@ class Plan:
             "speedup_vs_baseline": round(self.speedup_vs_baseline, 3) if self.speedup_vs_baseline else None,
             "explanations": list(self.explanations),
             "alternatives": [alternative.as_json() for alternative in self.alternatives],
+            "error_band": band_for(self.instance).as_json(),
         }
 
 

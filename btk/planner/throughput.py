@@ -11,19 +11,36 @@ Model (per GPU, per optimizer step):
 * **Compute time.** Linear-layer FLOPs run at the precision's dense peak (fp8/mxfp8 peaks
   for the block linears; the output head stays bf16, as torchao/torchtitan convert it), the
   rest at the bf16 peak. Achieved throughput is ``peak × achieved_matmul_fraction ×
-  h/(h + 1024)``: the GPU's calibrated fraction (``btk.hardware``) scaled down for narrow
-  models whose GEMMs cannot fill the GPU.
+  S/(S + S₀)``: the GPU's calibrated fraction (``btk.hardware``) scaled down for GEMMs too
+  small to fill the GPU. ``S`` is a GEMM's output size per TP rank, micro-batch tokens ×
+  hidden size / TP, so both a short micro-batch and a narrow model (or a high TP degree)
+  lower it; ``S₀`` is fitted (``ThroughputConstants.gemm_half_efficiency``). One constant
+  for both because a GEMM's wave count depends on its output tiles, rows times columns.
+* **Non-matmul work** (norms, RoPE, SwiGLU, residual adds, optimizer, launch gaps) is
+  bound by HBM bandwidth, not by tensor cores: it costs ``non_matmul_overhead`` times the
+  time the bf16 matmuls would take on an H100 SXM-like balance of 295 FLOP per byte
+  (``REFERENCE_FLOPS_PER_BYTE``), scaled by the GPU's bandwidth. This is why an H200
+  (4.8 TB/s) trains faster than an H100 with the same tensor cores, and a 500 W HBM2e
+  H100 (2.4 TB/s) slower. It does not shrink with float8.
 * **Float8 casts.** Dynamic scaling reads bf16 (twice: amax, then cast) and writes fp8 for
   the input and the output gradient of every converted linear, in both layouts:
-  ``12·(in+out)`` bytes per token per linear at 70 % of HBM bandwidth, ×1.5 for rowwise and
-  MXFP8 scaling (``CAST_COST_BY_PRECISION``).
+  ``12·(in+out)`` bytes per token per linear at 70 % of HBM bandwidth, times a fitted
+  factor per scaling recipe (``ThroughputConstants.cast_cost``; tensorwise is 1). The
+  cost depends on the GEMM's shape: casts grow with ``in+out`` per token while the GEMM's
+  FLOPs grow with ``in·out``, so narrow models gain less from float8.
+* **Eager mode.** Without ``torch.compile`` the element-wise work (norms, RoPE, SwiGLU,
+  residual adds) runs as separate kernels: the non-matmul overhead is multiplied by a
+  fitted factor (``ThroughputConstants.eager_overhead_factor``), fitted to torchtitan's
+  eager and compiled runs of the same configuration.
 * **Fixed per-micro-batch cost.** Kernel launches and FSDP hooks: 40 µs per layer compiled,
   120 µs eager, per micro-batch.
-* **Communication.** FSDP all-gathers bf16 parameters in forward and again in backward for
-  every micro-batch, and reduce-scatters fp32 gradients once per step; HSDP does the same
+* **Communication.** FSDP all-gathers bf16 parameters (float8 block weights under
+  tensorwise scaling, as the trainer does) in forward and again in backward for every
+  micro-batch, and reduce-scatters fp32 gradients once per step; HSDP does the same
   inside a node and all-reduces its gradient shard across nodes; tensor parallelism
   all-reduces activations four times per layer per micro-batch. Bandwidths: NVLink inside a
-  node, EFA per GPU across nodes (ring algorithms, 80 % of link rate). 85 % of FSDP traffic
+  node, EFA per GPU across nodes (ring algorithms, 80 % of link rate); plain data
+  parallelism inside one node all-reduces over NVLink. 85 % of FSDP traffic
   overlaps compute; TP traffic does not overlap.
 
 **MFU** uses torchtitan's convention (``6·N + 12·L·h·s`` FLOPs per token against the dense
@@ -33,7 +50,7 @@ bf16 peak) so figures compare with published ones. Calibration: ``docs/calibrati
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
@@ -41,13 +58,42 @@ from btk.planner.cost import tokens_billion
 from btk.planner.memory import parallelism_for
 from btk.profile import ModelArchitecture
 
-WIDTH_HALF_EFFICIENCY = 1024
+REFERENCE_FLOPS_PER_BYTE = 295.0  # H100 SXM: 989 dense bf16 TFLOPS / 3.35 TB/s
 CAST_BANDWIDTH_FRACTION = 0.70
 CAST_BYTES_PER_FEATURE = 12.0
-# Relative cost of the dynamic-scaling casts: rowwise scales need a reduction per row and a
-# second, column-wise cast for the backward pass; MXFP8 writes one e8m0 scale per 32 values
-# in both layouts. Tensorwise is the reference.
-CAST_COST_BY_PRECISION = {"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 1.5, "mxfp8": 1.5}
+
+
+@dataclass(frozen=True)
+class ThroughputConstants:
+    """The model's GPU-independent fitted constants (``benchmarks/calibrate.py`` fits them).
+
+    Attributes:
+        eager_overhead_factor: non-matmul time without ``torch.compile`` relative to compiled;
+            fitted to torchtitan's eager vs compiled runs of one configuration (8 and 128 H100s).
+        gemm_half_efficiency: GEMM output size ``S₀`` (tokens × hidden / TP) at which a
+            GEMM reaches half the GPU's calibrated fraction; fitted across micro-batches
+            1, 2 and 12 and tensor parallelism 1 and 8.
+        cast_cost: cost of each precision's dynamic-scaling casts relative to tensorwise.
+            Rowwise computes a scale per row and casts a second, column-wise copy for the
+            backward pass (and on Hopper runs slower rowwise-scaled GEMMs, which this factor
+            absorbs); MXFP8 writes one e8m0 scale per 32 values in both layouts. Fitted to
+            the rowwise and MXFP8 runs of the calibration set.
+    """
+
+    eager_overhead_factor: float = 1.0
+    gemm_half_efficiency: float = 0.0
+    cast_cost: dict[str, float] = field(default_factory=lambda: {"bf16": 0.0, "fp8_tensorwise": 1.0})
+
+    def cast_factor(self, precision: str) -> float:
+        return self.cast_cost[precision]
+
+
+FITTED_CONSTANTS = ThroughputConstants(
+    eager_overhead_factor=1.441,
+    gemm_half_efficiency=6.749e6,
+    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.785, "mxfp8": 1.320},
+)
+"""``benchmarks/calibrate.py``'s fit to the calibration set (``docs/calibration.md``)."""
 LINK_EFFICIENCY = 0.80
 FSDP_OVERLAP = 0.85
 LAYER_OVERHEAD_SECONDS = {True: 40e-6, False: 120e-6}
@@ -98,15 +144,21 @@ def recompute_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> 
     return 0.0, 0.0
 
 
-def _width_factor(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
-    width = arch.hidden_size / knobs.tensor_parallel
-    return width / (width + WIDTH_HALF_EFFICIENCY)
+def gemm_shape_factor(arch: ModelArchitecture, knobs: TrainingKnobs, constants: ThroughputConstants) -> float:
+    """Fraction of the calibrated matmul rate that GEMMs of this width and row count reach."""
+    size = knobs.tokens_per_micro_batch() * arch.hidden_size / knobs.tensor_parallel
+    return size / (size + constants.gemm_half_efficiency)
 
 
-def compute_seconds_per_token(arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType) -> float:
+def compute_seconds_per_token(
+    arch: ModelArchitecture,
+    knobs: TrainingKnobs,
+    instance: InstanceType,
+    constants: ThroughputConstants = FITTED_CONSTANTS,
+) -> float:
     """Seconds of GPU work per token for one TP rank (matmuls, non-matmul work, fp8 casts)."""
     gpu = instance.gpu
-    efficiency = gpu.achieved_matmul_fraction.value * _width_factor(arch, knobs)
+    efficiency = gpu.achieved_matmul_fraction.value * gemm_shape_factor(arch, knobs, constants)
     bf16_rate = gpu.peak_tflops("bf16") * 1e12 * efficiency
     linear_rate = gpu.peak_tflops(knobs.precision) * 1e12 * efficiency
     block_linear_params = arch.num_layers * sum(i * o for i, o in _linear_shapes(arch))
@@ -115,15 +167,21 @@ def compute_seconds_per_token(arch: ModelArchitecture, knobs: TrainingKnobs, ins
     block_linear_flops = 6.0 * block_linear_params + recompute_linear
     other_flops = 6.0 * head_params + 6.0 * arch.num_layers * arch.hidden_size * knobs.seq_len + recompute_attention
     matmul_seconds = block_linear_flops / linear_rate + other_flops / bf16_rate
-    # Non-matmul work (norms, RoPE, SwiGLU, residuals, optimizer, launch gaps) scales with the
-    # bf16 matmul work and does not shrink with float8.
-    bf16_seconds = (block_linear_flops + other_flops) / bf16_rate
-    seconds = matmul_seconds + gpu.non_matmul_overhead.value * bf16_seconds
+    balanced_seconds = (block_linear_flops + other_flops) / (
+        gpu.hbm_bandwidth_tbps.value * 1e12 * REFERENCE_FLOPS_PER_BYTE
+    )
+    overhead = gpu.non_matmul_overhead.value * (1.0 if knobs.compile else constants.eager_overhead_factor)
+    seconds = matmul_seconds + overhead * balanced_seconds
     if knobs.precision != "bf16":
         cast_bytes = CAST_BYTES_PER_FEATURE * arch.num_layers * sum(i + o for i, o in _linear_shapes(arch))
-        cast_bytes *= CAST_COST_BY_PRECISION[knobs.precision]
+        cast_bytes *= constants.cast_factor(knobs.precision)
         seconds += cast_bytes / (gpu.hbm_bandwidth_tbps.value * 1e12 * CAST_BANDWIDTH_FRACTION)
     return seconds / knobs.tensor_parallel
+
+
+def float8_all_gather(knobs: TrainingKnobs, shard_degree: int) -> bool:
+    """Whether FSDP gathers float8 weights: the trainer's rule (tensorwise scaling, sharded)."""
+    return knobs.precision == "fp8_tensorwise" and shard_degree > 1
 
 
 def communication_seconds_per_step(
@@ -140,12 +198,16 @@ def communication_seconds_per_step(
     shard_bandwidth = nvlink if within_node else efa_per_gpu
     ring = (shard - 1) / shard if shard > 1 else 0.0
     micro_batches = knobs.gradient_accumulation_steps
-    all_gather = 2 * micro_batches * 2.0 * params_local * ring / shard_bandwidth
+    # The trainer all-gathers float8 block weights under tensorwise scaling (one byte each).
+    linear_local = arch.num_layers * sum(i * o for i, o in _linear_shapes(arch)) / tp
+    gather_bytes = 2.0 * params_local - (linear_local if float8_all_gather(knobs, shard) else 0.0)
+    all_gather = 2 * micro_batches * gather_bytes * ring / shard_bandwidth
     reduce_scatter = 4.0 * params_local * ring / shard_bandwidth
     fsdp = all_gather + reduce_scatter
     replicas = par.data_parallel // shard
-    if replicas > 1:  # HSDP / DDP gradient all-reduce across replicas (inter-node)
-        fsdp += 2.0 * 4.0 * params_local / shard * (replicas - 1) / replicas / efa_per_gpu
+    if replicas > 1:  # HSDP / DDP gradient all-reduce across replicas
+        replica_bandwidth = nvlink if par.world_size <= instance.gpus_per_node else efa_per_gpu
+        fsdp += 2.0 * 4.0 * params_local / shard * (replicas - 1) / replicas / replica_bandwidth
     tp_seconds = 0.0
     if tp > 1:
         activation_bytes = knobs.micro_batch_size * knobs.seq_len * arch.hidden_size * 2.0
@@ -153,12 +215,18 @@ def communication_seconds_per_step(
     return fsdp, tp_seconds
 
 
-def estimate_throughput(arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType, nodes: int) -> Estimate:
+def estimate_throughput(
+    arch: ModelArchitecture,
+    knobs: TrainingKnobs,
+    instance: InstanceType,
+    nodes: int,
+    constants: ThroughputConstants = FITTED_CONSTANTS,
+) -> Estimate:
     """Predict step time, tokens/s per GPU, MFU and USD per billion tokens."""
     par = parallelism_for(knobs, instance.gpus_per_node, nodes)
     micro_batches = knobs.gradient_accumulation_steps
     tokens_per_group_step = knobs.micro_batch_size * knobs.seq_len * micro_batches  # one TP group
-    compute = compute_seconds_per_token(arch, knobs, instance) * tokens_per_group_step
+    compute = compute_seconds_per_token(arch, knobs, instance, constants) * tokens_per_group_step
     fixed = LAYER_OVERHEAD_SECONDS[knobs.compile] * arch.num_layers * micro_batches
     fsdp, tp_seconds = communication_seconds_per_step(arch, knobs, instance, nodes)
     exposed = max(0.0, fsdp - FSDP_OVERLAP * compute) + tp_seconds

@@ -97,12 +97,21 @@ def _capacity_wait(plt: Any, report: Report, path: Path) -> None:
     plt.close(fig)
 
 
+def check_plot_directory(directory: Path) -> None:
+    """One line when ``directory`` (or a folder above it) exists but is not a directory: checked before AWS."""
+    for folder in (directory, *directory.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise BtkError(f"--plot {str(directory)!r}: {str(folder)!r} is not a directory")
+            return
+
+
 def write_plots(report: Report, directory: Path) -> list[Path]:
     """Write the three charts into ``directory`` (created if missing); returns their paths."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise BtkError(f"--plot {directory}: cannot create the directory ({error.strerror})") from None
+        raise BtkError(f"--plot {str(directory)!r}: cannot create the directory ({error.strerror})") from None
     plt = _pyplot()
     paths = [directory / name for name in CHART_FILES]
     for draw, path in zip((_cost_per_success, _predicted_vs_achieved, _capacity_wait), paths, strict=True):
@@ -110,5 +119,5 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
             draw(plt, report, path)
         except OSError as error:
             plt.close("all")
-            raise BtkError(f"--plot {directory}: cannot write {path.name} ({error.strerror or error})") from None
+            raise BtkError(f"--plot {str(directory)!r}: cannot write {path.name} ({error.strerror or error})") from None
     return paths

@@ -116,6 +116,7 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
     started = time.perf_counter()
     try:
         result = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=warmup + steps))
+        phased = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=2, time_phases=True))
     finally:
         # A failed case (out of memory, ...) must not leave its model and optimizer state on
         # the GPU for the next one: FSDP2's modules are freed only by the cycle collector.
@@ -138,6 +139,9 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
         # What the caching allocator held (allocated + fragmentation): what "fits" really needs.
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 1024**3 if torch.cuda.is_available() else 0.0,
         "final_loss": timed[-1]["loss"],
+        # A separate 2-step run synchronising the device at each phase boundary (it costs the overlap it
+        # measures, so the rate above comes from the unsynchronised run): where a step's time goes.
+        "phase_seconds_per_step": {name: seconds / 2 for name, seconds in phased.phase_seconds.items()},
         "wall_seconds": time.perf_counter() - started,
     }
     return measured
@@ -169,6 +173,13 @@ def _row(case: dict[str, Any]) -> str:
         f" | {fmt(p.get('memory_gib'), '{:.1f}')} | "
         f"{case.get('error', '') or case.get('note', '')} |"
     )
+
+
+def phase_line(case: dict[str, Any]) -> str:
+    """``btk-bench phases <profile> / <case>: data 1.2 ms, forward ...`` (milliseconds per step)."""
+    phases = case["measured"].get("phase_seconds_per_step", {})
+    parts = ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases.items())
+    return f"btk-bench phases {case['profile']} / {case['label']}: {parts}"
 
 
 def _ratio(value: float | None) -> str:
@@ -264,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     torch.cuda.empty_cache()
         report["cases"].append(case)
         print(_row(case), flush=True)
+        if "measured" in case:
+            print(phase_line(case), flush=True)
         flush()
         return case
 

@@ -207,8 +207,26 @@ def save(
     keep: int,
 ) -> Path:
     """Write checkpoint ``step`` atomically; collective over all ranks."""
+    temporary = _start(root, step, local_rank)
+    dcp_save(_state(model, optimizer, trainer_state), checkpoint_id=str(temporary))
+    return _complete(root, step, local_rank=local_rank, keep=keep)
+
+
+class PendingSave:
+    """A checkpoint whose DCP files are being written in the background (:meth:`Checkpointer.save`)."""
+
+    def __init__(self, root: Path, step: int, future: Any) -> None:
+        self.root, self.step, self.future = root, step, future
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]) -> dict[str, Any]:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state, "trainer": json.dumps(trainer_state)}
+
+
+def _start(root: Path, step: int, local_rank: int) -> Path:
+    """Create the temp directory of checkpoint ``step`` and write this rank's RNG file into it; collective."""
     rank = dist.get_rank()
-    final = root / step_dir_name(step)
     temporary = root / f".{step_dir_name(step)}.tmp"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -218,10 +236,15 @@ def save(
     if local_rank == 0 and rank != 0:  # node-local directories (on a shared FS it exists already)
         temporary.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state, "trainer": json.dumps(trainer_state)}
-    dcp_save(state, checkpoint_id=str(temporary))
     torch.save(_rng_state(), temporary / _rng_file_name(rank))
+    return temporary
+
+
+def _complete(root: Path, step: int, *, local_rank: int, keep: int) -> Path:
+    """After every rank's DCP files landed: manifest, marker, rename, prune (see the module docstring); collective."""
+    rank = dist.get_rank()
+    final = root / step_dir_name(step)
+    temporary = root / f".{step_dir_name(step)}.tmp"
     entries: list[dict[str, dict[str, Any]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(entries, describe_files(_own_files(temporary, rank)))  # also the barrier
     files = {name: entry for part in entries for name, entry in (part or {}).items()}
@@ -315,12 +338,17 @@ class Checkpointer:
         keep: int,
         local_rank: int,
         local_world_size: int = 1,
+        asynchronous: bool = True,
     ) -> None:
         self.root = root
         self.model, self.optimizer, self.state = model, optimizer, state
         self.interval, self.keep, self.local_rank = interval, keep, local_rank
         self.local_world_size = local_world_size  # ranks sharing this node's file system split the hashing
         self.last_saved: int | None = None  # newest step on disk: saved by this run or resumed from
+        self.asynchronous = root is not None and asynchronous
+        self._group: Any = None  # background writes' process group, made at the first one (see save)
+        self._stager: Any = None
+        self._pending: PendingSave | None = None
 
     def should_save(self, step: int, *, stop_requested: bool) -> bool:
         """Every ``interval`` steps and when a stop is requested; never twice for one step.
@@ -331,13 +359,61 @@ class Checkpointer:
             return False
         return stop_requested or step % self.interval == 0
 
-    def save(self) -> None:
-        """Write a checkpoint of the current :attr:`state`; collective over all ranks."""
+    def save(self, *, blocking: bool = True) -> None:
+        """Checkpoint the current :attr:`state`; collective over all ranks.
+
+        ``blocking=False`` (and ``asynchronous``): the state is copied to host memory (pinned on
+        CUDA) and DCP writes the files in a background thread (``async_save``, torchtitan's
+        ``async_mode``); the manifest, the marker and the rename follow in :meth:`wait`, called
+        at the next save and at the end of the run, so a checkpoint costs the loop a copy, not a
+        write. ``blocking`` (stops: SIGTERM, the capacity deadline) waits for any background
+        write, then writes this one before returning.
+        """
         if self.root is None:
             raise RuntimeError("no checkpoint directory to save into")
-        save(self.root, self.state.step, self.model, self.optimizer, self.state.state_dict(),
-             local_rank=self.local_rank, keep=self.keep)
-        self.last_saved = self.state.step
+        self.wait()
+        step, trainer_state = self.state.step, self.state.state_dict()
+        if blocking or not self.asynchronous:
+            save(self.root, step, self.model, self.optimizer, trainer_state,
+                 local_rank=self.local_rank, keep=self.keep)
+            self.last_saved = step
+            return
+        from torch.distributed.checkpoint.state_dict_saver import async_save
+
+        if self._group is None:
+            # Background writes run their collectives on a group of their own (gloo: DCP's async save needs
+            # a CPU backend), so they never interleave with the training loop's on the default group.
+            self._group = dist.new_group(backend="gloo")
+        temporary = _start(self.root, step, self.local_rank)
+        future = async_save(_state(self.model, self.optimizer, trainer_state), checkpoint_id=str(temporary),
+                            process_group=self._group, async_stager=self._staging())
+        self._pending = PendingSave(self.root, step, future)
+        self.last_saved = step  # should_save: never twice for one step; the write completes in wait()
+
+    def _staging(self) -> Any:
+        """One stager for the run: its host buffers (pinned on CUDA) are reused by every save."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=False))
+        return self._stager
+
+    def wait(self) -> None:
+        """Finish a background save: wait for its files, then manifest, marker, rename and pruning; collective."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.future.result()
+        _complete(pending.root, pending.step, local_rank=self.local_rank, keep=self.keep)
+
+    def close(self) -> None:
+        """Finish any background save and release the staging buffers; collective."""
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def resume(self) -> Path | None:
         """Load the newest checkpoint complete on every rank into model, optimizer and :attr:`state`.

@@ -8,12 +8,17 @@ SageMaker starts the container as ``<entrypoint> train`` on every node. This mod
 2. parses the hyperparameters with :func:`btk.hyperparameters.from_hyperparameters` and checks
    the parallel layout, so a malformed job fails with one line (stderr and
    ``/opt/ml/output/failure``) and exit code 2 *before any GPU work*;
-3. runs ``torchrun`` with ``nnodes`` = hosts, ``node_rank`` = this host's index in the sorted
+3. on a multi-node job, runs the network pre-flight (:mod:`btk_trainer.preflight`): EFA devices
+   present, NCCL on EFA rather than TCP sockets, all-reduce bandwidth above the catalog's
+   threshold for the instance type, else one line and exit 2 within minutes;
+4. runs ``torchrun`` with ``nnodes`` = hosts, ``node_rank`` = this host's index in the sorted
    hosts, master = the first sorted host, one process per GPU, and forwards SIGTERM straight to
    the training processes so they can checkpoint (see :mod:`btk_trainer.train`), and exits
    with torchrun's status (0 only when every training process exited 0).
 
-``--dry-run`` prints the command and environment as JSON instead of running it.
+The training processes get the instance type's NCCL/EFA settings from the hardware catalog
+(``btk.hardware``, ``network_environment``), not from the image. ``--dry-run`` prints the
+commands and environment as JSON instead of running them; ``--skip-preflight`` skips step 3.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from btk.errors import BtkError
+from btk.errors import BtkError, UnknownNameError
+from btk.hardware import InstanceType, get_instance_type
 from btk.hyperparameters import JobHyperparameters, from_hyperparameters
 from btk_trainer.layout import mesh_shape
+from btk_trainer.preflight import PreflightError, PreflightPlan, preflight_plan, run_preflight
 
 DEFAULT_CONFIG_DIR = Path("/opt/ml/input/config")
 DEFAULT_DATA_ROOT = Path("/opt/ml/input/data")
@@ -41,6 +48,7 @@ DEFAULT_MODEL_DIR = Path("/opt/ml/model")
 DEFAULT_CHECKPOINT_DIR = Path("/opt/ml/checkpoints")
 DEFAULT_FAILURE_FILE = Path("/opt/ml/output/failure")
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_PREFLIGHT_DIR = Path("/tmp/btk-preflight")
 TRAIN_CHANNEL = "train"
 
 
@@ -51,6 +59,7 @@ class ClusterConfig:
     current_host: str
     hosts: tuple[str, ...]
     network_interface_name: str
+    instance_type: str | None = None
 
     @property
     def node_rank(self) -> int:
@@ -68,6 +77,7 @@ class LaunchPlan:
     command: list[str]
     env: dict[str, str]
     spec: JobHyperparameters
+    preflight: PreflightPlan | None = None
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -91,7 +101,18 @@ def read_cluster(config_dir: Path) -> ClusterConfig:
         current_host=str(current),
         hosts=tuple(sorted(hosts)),
         network_interface_name=str(data.get("network_interface_name") or "eth0"),
+        instance_type=str(data["current_instance_type"]) if data.get("current_instance_type") else None,
     )
+
+
+def catalog_instance(name: str | None) -> InstanceType | None:
+    """The catalog's entry for the job's instance type; None (no EFA checks) if unknown or unset."""
+    if not name:
+        return None
+    try:
+        return get_instance_type(name)
+    except UnknownNameError:
+        return None
 
 
 def _unquote(value: object) -> str:
@@ -162,13 +183,13 @@ def build_launch(
     model_dir = Path(env.get("SM_MODEL_DIR", str(DEFAULT_MODEL_DIR)))
     checkpoint_dir = Path(env.get("BTK_CHECKPOINT_DIR", str(DEFAULT_CHECKPOINT_DIR)))
 
+    def torchrun_args(port: int) -> list[str]:
+        return [f"--nnodes={nnodes}", f"--node_rank={cluster.node_rank}", f"--nproc_per_node={nproc}",
+                f"--master_addr={cluster.master_addr}", f"--master_port={port}"]
+
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--node_rank={cluster.node_rank}",
-        f"--nproc_per_node={nproc}",
-        f"--master_addr={cluster.master_addr}",
-        f"--master_port={master_port}",
+        *torchrun_args(master_port),
         "-m", "btk_trainer.train",
         f"--hyperparameters={hyperparameters_file}",
         f"--checkpoint-dir={checkpoint_dir}",
@@ -178,13 +199,19 @@ def build_launch(
     ]
     if data is not None:
         command.append(f"--data-dir={data}")
+    instance = catalog_instance(cluster.instance_type or env.get("SM_CURRENT_INSTANCE_TYPE"))
     extra_env = {
+        **(instance.network_environment if instance is not None else {}),
         "NCCL_SOCKET_IFNAME": cluster.network_interface_name,
         "GLOO_SOCKET_IFNAME": cluster.network_interface_name,
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "8"),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     }
-    return LaunchPlan(command=command, env=extra_env, spec=spec)
+    preflight = None
+    if nnodes > 1:  # one port above the trainer's: its rendezvous follows right after
+        preflight = preflight_plan(torchrun_args(master_port + 1), {**os.environ, **env, **extra_env},
+                                   DEFAULT_PREFLIGHT_DIR, instance, nnodes)
+    return LaunchPlan(command=command, env=extra_env, spec=spec, preflight=preflight)
 
 
 def _children(pid: int) -> list[int]:
@@ -259,6 +286,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     parser.add_argument("--failure-file", type=Path,
                         default=Path(env.get("BTK_FAILURE_FILE", str(DEFAULT_FAILURE_FILE))))
     parser.add_argument("--dry-run", action="store_true", help="print the launch as JSON and exit")
+    parser.add_argument("--skip-preflight", action="store_true",
+                        help="do not run the network pre-flight of a multi-node job (debugging only)")
     args = parser.parse_args(argv)
     try:
         plan = build_launch(args.config_dir, env, data_dir=args.data_dir, synthetic_data=args.synthetic_data,
@@ -266,8 +295,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except BtkError as error:
         return report_failure(str(error), args.failure_file)
     if args.dry_run:
-        print(json.dumps({"command": plan.command, "env": plan.env}, indent=2))
+        preflight = plan.preflight.command if plan.preflight is not None else None
+        print(json.dumps({"command": plan.command, "env": plan.env, "preflight": preflight}, indent=2))
         return 0
+    if plan.preflight is not None and not args.skip_preflight:
+        try:
+            run_preflight(plan.preflight)
+        except PreflightError as error:
+            return report_failure(str(error), args.failure_file)
     return run(plan)
 
 

@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in torchtitan and transformers)
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from btk.profile import ModelArchitecture, RopeScaling
 
@@ -130,6 +131,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
+def attention_backends(device_type: str) -> list[SDPBackend]:
+    """SDPA backends in order of preference: on GPUs cuDNN, then flash, then memory-efficient (as torchtitan);
+    math last everywhere, so a backend that is missing or refuses the shapes falls back instead of failing."""
+    if device_type == "cuda":
+        return [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # CPU: torch's flash kernel for CPU, else math
+
+
 class Attention(nn.Module):
     """Grouped-query causal self-attention through ``scaled_dot_product_attention``.
 
@@ -153,10 +163,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.num_groups > 1:
-            k = k.repeat_interleave(self.num_groups, dim=1)
-            v = v.repeat_interleave(self.num_groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
+        with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups > 1)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         return projected
 
@@ -228,20 +237,34 @@ def eager_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
+class OutputHead(nn.Linear):
+    """The output projection (``lm_head``); given targets it returns the loss of ``loss_fn`` instead of logits.
+
+    The loss is computed inside the head's own ``forward`` so that whatever wraps the head
+    (an FSDP group of its own) sees it run and has its weight gathered.
+    """
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
+                loss_fn: LossFn | None = None) -> torch.Tensor:
+        if targets is None or loss_fn is None:
+            return super().forward(hidden)
+        return loss_fn(hidden, self.weight, targets)
+
+
 class Decoder(nn.Module):
     """The causal language model.
 
     ``forward(tokens)`` returns logits; ``forward(tokens, targets)`` returns the mean loss,
     computed by ``self.loss_fn`` from the final hidden states and the head weight, so the
     trainer can swap in a fused (compiled) loss that never materialises fp32 logits. The
-    loss runs inside ``forward`` so FSDP's root hooks have the head weight gathered.
+    loss runs inside the head's ``forward`` (:class:`OutputHead`) so FSDP's hooks have its weight gathered.
     """
 
     def __init__(self, arch: ModelArchitecture) -> None:
         super().__init__()
         self.arch = arch
         self.model = DecoderBody(arch)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = OutputHead(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_fn: LossFn = eager_cross_entropy
@@ -278,7 +301,8 @@ class Decoder(nn.Module):
         if targets is None:
             logits: torch.Tensor = self.lm_head(hidden)
             return logits
-        return self.loss_fn(hidden, self.lm_head.weight, targets)
+        loss: torch.Tensor = self.lm_head(hidden, targets, self.loss_fn)
+        return loss
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self(tokens)

@@ -247,15 +247,27 @@ def apply_fused_loss(model: Decoder, backend: str = "inductor") -> None:
 
 
 def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: torch.dtype | None) -> None:
-    """FSDP2 ``fully_shard`` per block and on the root; fp32 gradient reduction."""
+    """FSDP2 ``fully_shard`` groups, as torchtitan: the embeddings, each block, final norm + head, the root.
+
+    The embeddings are a group of their own (gathered for the first op only, their gradient
+    reduce-scattered while the rest of backward runs); the final norm and the head form one
+    group kept gathered between forward and backward (``reshard_after_forward=False``: backward
+    starts with them). Left in the root, both would be all-gathered before the first block and
+    reduce-scattered after the last gradient, each exposed. Tied embeddings share one weight
+    with the head, so they stay in the root group. fp32 gradient reduction.
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dp_mesh = mesh["dp_shard"] if shape.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    if not model.weights_tied:
+        fully_shard(model.model.embed_tokens, mesh=dp_mesh, mp_policy=policy)
     layers = list(model.model.layers)
     for index, layer in enumerate(layers):
         # The last block is needed first in backward: keep it gathered after forward.
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=index < len(layers) - 1)
+    if not model.weights_tied:
+        fully_shard([model.model.norm, model.lm_head], mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 

@@ -26,12 +26,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from btk.capacity import CAPACITY_STOP_MARGIN_SECONDS, CAPACITY_TERMINATION_LEAD_SECONDS
+
 CAPACITY_BLOCK_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
-# SageMaker terminates training-plan instances this long before the capacity block ends.
-CAPACITY_BLOCK_TERMINATION_LEAD = 30 * 60.0
-# Stop this long before that termination: the checkpoint of a large model takes minutes to
-# write, and SageMaker's background sync to S3 still has to upload it before the instance goes.
-CAPACITY_BLOCK_SAFETY_MARGIN = 15 * 60.0
+# The rules live in btk.capacity: the planner's reservation pricing counts the same minutes.
+CAPACITY_BLOCK_TERMINATION_LEAD = float(CAPACITY_TERMINATION_LEAD_SECONDS)
+CAPACITY_BLOCK_SAFETY_MARGIN = float(CAPACITY_STOP_MARGIN_SECONDS)
 
 
 def capacity_block_deadline(env: Mapping[str, str]) -> float | None:

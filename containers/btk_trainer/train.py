@@ -22,6 +22,7 @@ process's exit status means.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import re
@@ -72,6 +73,9 @@ GIB = 1024**3
 # Stopped by SIGTERM with no checkpoint of the last step (no checkpoint directory): the work is lost,
 # so the exit status must not read as success. 128 + SIGTERM, the shell's code for "killed by SIGTERM".
 EXIT_STOPPED_UNSAVED = 128 + signal.SIGTERM
+# Python's cycle collector is paused during training and run every this many steps (torchtitan's
+# GarbageCollection): left alone it starts at random inside a step, and on every rank at a different one.
+GC_INTERVAL_STEPS = 50
 
 
 class SyntheticWindows:
@@ -111,6 +115,9 @@ class RunConfig:
     # SIGTERM here to stop a run in the middle of an optimizer step.
     on_micro_batch: Callable[[int, int], None] | None = None
     return_state: bool = False  # tests: gather the full fp32 weights into RunResult.final_state
+    # Benchmarks: time each phase of a step (RunResult.phase_seconds), synchronising the device at every
+    # phase boundary, which costs the overlap it measures; off in training.
+    time_phases: bool = False
 
 
 @dataclass
@@ -128,6 +135,7 @@ class RunResult:
     stop_reason: StopReason = field(default_factory=StopReason)
     dropped_step: int | None = None  # the optimizer step a stop cut short (its micro-batches are redone on resume)
     nonfinite_steps: int = 0  # steps skipped for a NaN/inf loss or gradient norm, resumed runs included
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # RunConfig.time_phases: seconds per phase
 
 
 def exit_code(result: RunResult) -> int:
@@ -210,9 +218,46 @@ def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float) ->
     return total
 
 
+class PhaseTimes:
+    """Seconds per phase of the steps (:data:`PHASES`) when given a device to synchronise, else nothing.
+
+    Each phase is bracketed by device synchronisations, so the time is the phase's own work
+    plus the communication it waits for; "communication" is the collectives outside forward
+    and backward (the stop agreement, the gradient-norm and non-finite reductions).
+    """
+
+    PHASES = ("data", "forward", "backward", "communication", "optimizer", "checkpoint")
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = dict.fromkeys(self.PHASES, 0.0) if device is not None else {}
+
+    def _sync(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.device is None:
+            yield
+            return
+        self._sync()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - started
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.device is not None:
+            self.seconds[name] += seconds
+
+
 def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
     *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
+    phases: PhaseTimes | None = None,
 ) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
@@ -223,6 +268,7 @@ def forward_backward(
     rank asks at the same one); when it says stop, the step is abandoned and None returned.
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
+    timer = phases or PhaseTimes(None)
     loss_sum = torch.zeros((), device=device)
     for micro in range(accumulation):
         if micro and stop_agreed is not None and stop_agreed(micro):
@@ -231,9 +277,12 @@ def forward_backward(
             return None
         if defer_all_reduce:
             cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
-        inputs, targets = next_batch(windows, sampler, device)
-        loss = model(inputs, targets) / accumulation
-        loss.backward()
+        with timer.phase("data"):
+            inputs, targets = next_batch(windows, sampler, device)
+        with timer.phase("forward"):
+            loss = model(inputs, targets) / accumulation
+        with timer.phase("backward"):
+            loss.backward()
         loss_sum += loss.detach()
     return loss_sum
 
@@ -346,12 +395,16 @@ def build_model(config: RunConfig, spec: JobHyperparameters, placement: Placemen
 
 
 def build_optimizer(model: Decoder, intent: TrainingIntent, *, on_gpu: bool) -> torch.optim.Optimizer:
-    """AdamW, no weight decay on norms and biases (the 1-D parameters)."""
+    """Fused AdamW, no weight decay on norms and biases (the 1-D parameters).
+
+    Fused on every device: its kernel takes ``found_inf``, which is how a non-finite step is
+    skipped without the host reading a flag from the GPU (:meth:`Trainer.train_step`).
+    """
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": intent.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=intent.learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=on_gpu, foreach=None if on_gpu else True,
+        lr=intent.learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=True,
     )
 
 
@@ -429,6 +482,8 @@ class Trainer:
         self.window = ThroughputWindow()
         self.stop_agreement = StopAgreement(self.placement.device)
         self.deadline = capacity_block_deadline(os.environ)
+        self.unread: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.phases = PhaseTimes(self.placement.device if config.time_phases else None)
 
     @property
     def is_logger(self) -> bool:
@@ -449,50 +504,78 @@ class Trainer:
         if self.placement.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.placement.device)
         self.window.reset()
-        with StopFlag(self.deadline) as flag:
-            while self.state.step < self.total_steps and not result.interrupted:
-                step = self.state.step + 1
-                outcome = self.train_step(step, flag, result)
-                if outcome is None:  # stopped between micro-batches: the partial step is dropped
-                    result.interrupted, result.dropped_step = True, step
-                else:
-                    self.state.step = result.steps_done = step
-                    loss_sum, grad_norm = outcome
-                    result.grad_norms[step] = float(grad_norm)
-                    self.window.count_step()
-                    if self.config.on_step_end is not None:
-                        self.config.on_step_end(step)
-                    result.stop_reason = self.stop_agreement.agree(flag)
-                    result.interrupted = result.stop_reason.any
-                    if step % self.spec.job.log_interval_steps == 0 or step == self.total_steps or result.interrupted:
-                        self.log(step, loss_sum, result)
-                if self.state.step and self.checkpointer.should_save(self.state.step,
-                                                                     stop_requested=result.interrupted):
-                    self.save()
+        gc.disable()
+        try:
+            self.loop(result)
+        finally:
+            gc.enable()
         result.saved_step = self.checkpointer.last_saved
         result.nonfinite_steps = self.state.nonfinite_steps
+        result.phase_seconds = dict(self.phases.seconds)
         if result.interrupted:
             self.announce_stop(result)
         else:
             self.finish(result)
         return result
 
-    def save(self) -> None:
-        """Write a checkpoint of the current state; rank 0 says how long it took (stops have a deadline)."""
+    def loop(self, result: RunResult) -> None:
+        """The steps, with the host reading device values only on logging and checkpoint steps."""
+        with StopFlag(self.deadline) as flag:
+            while self.state.step < self.total_steps and not result.interrupted:
+                step = self.state.step + 1
+                if step % GC_INTERVAL_STEPS == 0:
+                    gc.collect(1)
+                outcome = self.train_step(step, flag, result)
+                if outcome is None:  # stopped between micro-batches: the partial step is dropped
+                    result.interrupted, result.dropped_step = True, step
+                else:
+                    self.state.step = result.steps_done = step
+                    loss_sum, grad_norm, skipped = outcome
+                    self.unread.append((step, loss_sum, grad_norm, skipped))
+                    self.window.count_step()
+                    if self.config.on_step_end is not None:
+                        self.config.on_step_end(step)
+                    with self.phases.phase("communication"):
+                        result.stop_reason = self.stop_agreement.agree(flag)
+                    result.interrupted = result.stop_reason.any
+                    if step % self.spec.job.log_interval_steps == 0 or step == self.total_steps or result.interrupted:
+                        self.read_steps(result)
+                        self.log(step, loss_sum, result)
+                if self.state.step and self.checkpointer.should_save(self.state.step,
+                                                                     stop_requested=result.interrupted):
+                    self.read_steps(result)  # the checkpoint holds the settled non-finite count
+                    self.save(blocking=result.interrupted)
+            self.read_steps(result)
+            self.checkpointer.close()
+
+    def save(self, *, blocking: bool) -> None:
+        """Checkpoint the current state; rank 0 says how long the loop was held (stops have a deadline).
+
+        ``blocking`` (a stop: SIGTERM or the capacity deadline) writes it before returning;
+        otherwise the loop pays for a copy of the state and the write runs in the background.
+        """
         started = time.perf_counter()
         with self.window.paused():  # tokens/s counts training time only
-            self.checkpointer.save()
+            self.checkpointer.save(blocking=blocking)
+        self.phases.add("checkpoint", time.perf_counter() - started)
         if self.is_logger:
-            print(f"btk: checkpoint step {self.state.step} written in {time.perf_counter() - started:.1f} s",
+            how = "written" if blocking or not self.checkpointer.asynchronous else "staged (written in the background)"
+            print(f"btk: checkpoint step {self.state.step} {how} in {time.perf_counter() - started:.1f} s",
                   flush=True)
 
-    def train_step(self, step: int, flag: StopFlag, result: RunResult) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """One optimizer step: learning rate, accumulated gradients, clipping, update; (summed loss, grad norm).
+    def train_step(self, step: int, flag: StopFlag, result: RunResult) -> tuple[
+            torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One optimizer step: learning rate, accumulated gradients, clipping, update.
+
+        Returns (summed loss, gradient norm, skipped), all device tensors nothing has read yet
+        (:meth:`read_steps` does, on logging and checkpoint steps).
 
         None when a stop was agreed between micro-batches: the gradients are dropped and the
         sampler rewound to the step's start, so the checkpoint holds the last complete step and
         a resumed run redoes this one from its first micro-batch. A step whose loss or gradient
-        norm is not finite on any rank is skipped (no update) and counted.
+        norm is not finite on any rank is skipped: the flag, all-reduced on the device, is the
+        fused optimizer's ``found_inf``, so the kernel leaves weights and moments as they were
+        without the host waiting for the GPU; :meth:`read_steps` counts it later.
         """
         intent = self.spec.training
         lr = learning_rate(step, peak=intent.learning_rate, warmup=intent.warmup_steps, total=self.total_steps,
@@ -505,37 +588,52 @@ class Trainer:
         def stop_agreed(micro: int) -> bool:
             if self.config.on_micro_batch is not None:
                 self.config.on_micro_batch(step, micro)
-            result.stop_reason = self.stop_agreement.agree(flag)
+            with self.phases.phase("communication"):
+                result.stop_reason = self.stop_agreement.agree(flag)
             return result.stop_reason.any
 
         loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,
                                     self.spec.knobs.gradient_accumulation_steps,
-                                    defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed)
+                                    defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed,
+                                    phases=self.phases)
         if loss_sum is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.sampler.load_state_dict(data_position)
             return None
-        grad_norm = clip_grad_norm(list(self.model.parameters()), intent.max_grad_norm)
-        if not self.finite_on_every_rank(loss_sum, grad_norm):
-            self.skip_nonfinite_step(step, loss_sum, grad_norm)
-            return loss_sum, grad_norm
-        self.optimizer.step()
-        if self.precompute_float8_scales:
-            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+        with self.phases.phase("communication"):
+            grad_norm = clip_grad_norm(list(self.model.parameters()), intent.max_grad_norm)
+            skipped = self.nonfinite_on_any_rank(loss_sum, grad_norm)
+        with self.phases.phase("optimizer"):
+            optimizer = cast(Any, self.optimizer)
+            optimizer.found_inf = skipped  # read by the fused AdamW kernel: 1 skips the whole update
+            try:
+                self.optimizer.step()
+            finally:
+                del optimizer.found_inf
+            if self.precompute_float8_scales:
+                from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
-            precompute_float8_dynamic_scale_for_fsdp(self.model)
-        return loss_sum, grad_norm
+                precompute_float8_dynamic_scale_for_fsdp(self.model)
+        return loss_sum, grad_norm, skipped
 
-    def finite_on_every_rank(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-        """Whether every rank's loss and the gradient norm are finite; collective."""
+    def nonfinite_on_any_rank(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """1.0 when some rank's loss or the gradient norm is not finite, else 0.0 (fp32 device tensor); collective,
+        queued on the device: nothing here waits for the GPU."""
         bad = (~torch.isfinite(loss_sum.detach()) | ~torch.isfinite(grad_norm.detach().to(loss_sum.device)))
-        flag = bad.to(torch.int32).reshape(1)
+        flag = bad.to(torch.float32)  # 0-d: the shape the fused kernel takes for found_inf
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return not bool(flag.item())
+        return flag
+
+    def read_steps(self, result: RunResult) -> None:
+        """Read the device values of the steps since the last read (one host sync): gradient norms and skips."""
+        unread, self.unread = self.unread, []
+        for step, loss_sum, grad_norm, skipped in unread:
+            result.grad_norms[step] = float(grad_norm)
+            if bool(skipped.item()):
+                self.skip_nonfinite_step(step, loss_sum, grad_norm)
 
     def skip_nonfinite_step(self, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Drop this step's update; past ``job.max_nonfinite_steps`` such steps, fail the job with one line."""
-        self.optimizer.zero_grad(set_to_none=True)
+        """Count a step whose update was skipped; past ``job.max_nonfinite_steps`` such steps, fail the job."""
         self.state.nonfinite_steps += 1
         limit = self.spec.job.max_nonfinite_steps
         if self.is_logger:

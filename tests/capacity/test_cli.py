@@ -87,9 +87,33 @@ def test_search_json_prices_each_offering_with_the_planner(
     assert first["in_environment_az"] is True and first["availability_zones"] == ["us-east-1a"]
     assert first["upfront_fee"] == 120000.0 and first["currency"] == "USD" and first["instance_count"] == 2
     assert first["start_time"] == "2026-03-02T00:00:00+00:00" and first["end_time"] == "2026-03-16T00:00:00+00:00"
-    billions = speed * 16 * 336 * 3600 / 1e9
+    # the plan trains until 30 min before its end, less 15 min for the last checkpoint: 335.25 h of 336
+    assert first["usable_hours"] == 335.25
+    billions = speed * 16 * 335.25 * 3600 / 1e9
     assert first["tokens_billion"] == pytest.approx(billions, abs=1e-3)
     assert first["fee_per_billion_tokens"] == pytest.approx(120000 / billions, abs=0.01)
+
+
+def test_search_ranks_offerings_in_the_az_by_fee_per_billion_trainable_tokens(
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a cheaper fee on a one-day plan loses to a dearer week: 45 of its 1,440 minutes train nothing
+    offerings = [
+        offering("tpo-week", fee="140000.00", hours=168),
+        offering("tpo-day", fee="19800.00", hours=24),
+        offering("tpo-unpriced", fee=None, hours=168),
+        offering("tpo-elsewhere", fee="1000.00", az="us-east-1b"),
+    ]
+    stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": offerings})
+
+    code, out, err = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b", "--format", "json")
+
+    assert (code, err) == (0, "")
+    rows = json.loads(out)["offerings"]
+    assert [row["offering_id"] for row in rows] == ["tpo-week", "tpo-day", "tpo-unpriced", "tpo-elsewhere"]
+    week, day = rows[0], rows[1]
+    assert week["fee_per_billion_tokens"] < day["fee_per_billion_tokens"]
+    assert 140000 / 168 > 19800 / 24  # per paid hour the day is cheaper; per trained token it is not
 
 
 def test_search_table_lists_fee_currency_window_az_count_and_fee_per_billion(

@@ -7,7 +7,14 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from btk.metrics import METRIC_DEFINITIONS, METRICS, format_metric_line, parse_metric_line
+from btk.metrics import (
+    METRIC_DEFINITIONS,
+    METRICS,
+    TRAINING_METRICS,
+    format_metric_line,
+    format_preflight_line,
+    parse_metric_line,
+)
 
 finite = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
 
@@ -29,7 +36,8 @@ def test_every_regex_parses_the_printed_value(
     )
     if rank_tag:  # torchrun's per-rank prefix: SageMaker and our parser must agree on it
         line = "[rank0]:" + line
-    for definition, metric in zip(METRIC_DEFINITIONS, METRICS, strict=True):
+    training = [d for d, m in zip(METRIC_DEFINITIONS, METRICS, strict=True) if m in TRAINING_METRICS]
+    for definition, metric in zip(training, TRAINING_METRICS, strict=True):
         match = re.search(definition["Regex"], line)
         assert match is not None, definition
         printed = metric.fmt.format(
@@ -46,6 +54,13 @@ def test_every_regex_parses_the_printed_value(
         assert float(match.group(1)) == float(printed)
     parsed = parse_metric_line(line)
     assert parsed is not None and parsed["step"] == step
+
+
+@given(st.floats(0, 10**5), st.booleans())
+def test_preflight_line_parses(busbw: float, rank_tag: bool) -> None:
+    line = ("[rank0]:" if rank_tag else "") + format_preflight_line(allreduce_busbw_gbps=busbw)
+    parsed = parse_metric_line(line)
+    assert parsed is not None and parsed == {"allreduce_busbw_gbps": float(f"{busbw:.1f}")}
 
 
 def test_regexes_ignore_other_log_lines() -> None:

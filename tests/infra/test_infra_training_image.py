@@ -7,7 +7,9 @@ The image asset stages the repository root filtered to ``btk/``, ``profiles/`` a
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from stack_synth import REPO, Synth
@@ -50,3 +52,60 @@ def test_image_asset_holds_every_tracked_build_input(synth: Synth) -> None:
     assert tracked
     missing = sorted(tracked - _staged_files(synth))
     assert not missing, missing[:10]
+
+
+def _asset_hash(context: Path, outdir: Path) -> str:
+    """Synthesize a stack holding only a TrainingImage built from ``context``; its asset hash."""
+    from aws_cdk import App, Stack
+
+    from training_constructs.training_image import TrainingImage, TrainingImageProps
+
+    app = App(outdir=str(outdir))
+    stack = Stack(app, "ImageOnly")
+    TrainingImage(stack, "Image", props=TrainingImageProps(directory=context))
+    assembly = app.synth()
+    assets = json.loads((Path(assembly.directory) / f"{stack.artifact_id}.assets.json").read_text())
+    (asset_hash,) = assets["dockerImages"]
+    return str(asset_hash)
+
+
+def test_asset_hash_ignores_files_outside_the_build_context(tmp_path: Path) -> None:
+    """Only a change to what the image installs makes a new image: docs, tests, the CDK app and
+    caches inside the context leave the hash (and so the deploy's image build) alone."""
+    context = tmp_path / "repo"
+    for name in BUILD_INPUTS:
+        shutil.copytree(REPO / name, context / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*_cache", "bench"))
+    (context / "README.md").write_text("one\n")
+    (context / "docs").mkdir()
+    (context / "docs" / "trainer.md").write_text("one\n")
+    first = _asset_hash(context, tmp_path / "out1")
+
+    (context / "README.md").write_text("two\n")
+    (context / "docs" / "trainer.md").write_text("two\n")
+    (context / "app.py").write_text("# unrelated\n")
+    cache = context / "btk" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "knobs.cpython-312.pyc").write_bytes(b"\0")
+    (context / "containers" / "bench").mkdir(exist_ok=True)
+    (context / "containers" / "bench" / "run.sh").write_text("echo\n")
+    assert _asset_hash(context, tmp_path / "out2") == first
+
+    (context / "containers" / "btk_trainer" / "entrypoint.py").write_text("# changed\n")
+    changed = _asset_hash(context, tmp_path / "out3")
+    assert changed != first
+    (context / "containers" / "requirements.lock").write_text("# changed\n")
+    assert _asset_hash(context, tmp_path / "out4") not in {first, changed}
+
+
+def test_context_filter_and_dockerignore_allow_the_same_files() -> None:
+    """BuildKit (containers/Dockerfile.dockerignore) and the CDK asset (EXCLUDE) see the same inputs:
+    every path the Dockerfile copies is allowed by both."""
+    dockerfile = (REPO / DEFAULT_DOCKERFILE).read_text()
+    copied = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    ignore = (REPO / "containers" / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = [rule[1:].rstrip("/") for rule in ignore if rule.startswith("!")]
+    for path in copied:
+        assert (REPO / path).exists(), path
+        assert any(path == rule or path.startswith(f"{rule}/") for rule in allowed), path
+        assert path.split("/")[0] in BUILD_INPUTS

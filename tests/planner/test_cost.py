@@ -24,3 +24,18 @@ def test_on_demand_price_per_billion_tokens_is_an_hour_of_the_cluster_over_its_t
     hourly = instance.usd_per_hour.value * 2
     expected = fee_per_billion_tokens(hourly, estimate.tokens_per_second_per_gpu, 2 * instance.gpus_per_node, 1.0)
     assert estimate.usd_per_billion_tokens == pytest.approx(expected)
+
+
+def test_a_plan_trains_only_until_its_instances_are_terminated_less_the_final_checkpoint() -> None:
+    from btk.capacity import CAPACITY_STOP_MARGIN_SECONDS, CAPACITY_TERMINATION_LEAD_SECONDS
+    from btk.planner.cost import plan_fee_per_billion_tokens, plan_tokens_billion, usable_plan_hours
+
+    lost_hours = (CAPACITY_TERMINATION_LEAD_SECONDS + CAPACITY_STOP_MARGIN_SECONDS) / 3600
+    assert lost_hours == 0.75  # 30 min termination lead + 15 min to write and upload the last checkpoint
+    assert usable_plan_hours(24) == pytest.approx(23.25)
+    assert usable_plan_hours(0.5) == 0.0
+    assert plan_tokens_billion(10_000, 16, 168) == pytest.approx(tokens_billion(10_000, 16, 167.25))
+    # a one-day plan pays for 24 h and trains 23.25: its fee per trained token is 24/23.25 higher
+    assert plan_fee_per_billion_tokens(100_000, 10_000, 16, 24) == pytest.approx(
+        fee_per_billion_tokens(100_000, 10_000, 16, 24) * 24 / 23.25
+    )

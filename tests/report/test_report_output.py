@@ -93,7 +93,7 @@ def test_a_chart_that_cannot_be_written_is_one_line(report: Report, tmp_path: Pa
     (tmp_path / CHART_FILES[1]).mkdir()  # a directory where the second PNG goes: savefig fails
     with pytest.raises(BtkError) as raised:
         write_plots(report, tmp_path)
-    assert str(raised.value).startswith(f"--plot {tmp_path}: cannot write {CHART_FILES[1]} (")
+    assert str(raised.value).startswith(f"--plot {str(tmp_path)!r}: cannot write {CHART_FILES[1]} (")
     assert "\n" not in str(raised.value)
 
 

@@ -493,7 +493,7 @@ def scenario_precisions_resume(workdir: Path, data_dir: Path) -> dict[str, Any]:
 def _killed_mid_write(rank: int, workdir: str, data_dir: str, port: int, case: str) -> None:
     """One rank trains with a checkpoint every 2 steps and is SIGKILLed inside a checkpoint write.
 
-    ``write``: after DCP wrote step 4's data files, before its RNG file, manifest and marker.
+    ``write``: after step 4's DCP and RNG files landed (written in the background), before manifest and marker.
     ``prune``: while step 6's save prunes step 4 (keep 1), between its marker and its files.
     """
     import shutil
@@ -504,24 +504,77 @@ def _killed_mid_write(rank: int, workdir: str, data_dir: str, port: int, case: s
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"})
     torch.set_num_threads(1)
-    real_save, real_rmtree = checkpoint.dcp_save, shutil.rmtree
+    real_describe, real_rmtree = checkpoint.describe_files, shutil.rmtree
 
-    def save_then_die(state: Any, checkpoint_id: str) -> Any:
-        result = real_save(state, checkpoint_id=checkpoint_id)
-        if case == "write" and checkpoint_id.endswith(".step_00000004.tmp"):
+    def describe_then_die(files: list[Path]) -> Any:  # DCP's files are written when their entries are made
+        if case == "write" and files and files[0].parent.name == ".step_00000004.tmp":
             os.kill(os.getpid(), signal.SIGKILL)
-        return result
+        return real_describe(files)
 
     def rmtree_then_die(path: Any, *args: Any, **kwargs: Any) -> None:
         if case == "prune" and str(path).endswith("step_00000004"):
             os.kill(os.getpid(), signal.SIGKILL)
         real_rmtree(path, *args, **kwargs)
 
-    checkpoint.dcp_save = save_then_die  # type: ignore[assignment]
+    checkpoint.describe_files = describe_then_die  # type: ignore[assignment]
     checkpoint.shutil.rmtree = rmtree_then_die  # type: ignore[assignment]
     spec = tiny_spec(job={"checkpoint_interval_steps": 2, "keep_last_checkpoints": 1 if case == "prune" else 2})
     train(RunConfig(spec=spec, data_dir=Path(data_dir), max_steps=8, device="cpu",
                     checkpoint_dir=Path(workdir) / f"ckpt_{case}"))
+
+
+def parity_cases() -> dict[str, dict[str, Any]]:
+    """Knobs of every case :func:`scenario_parity` runs: each AC mode under data and tensor parallelism, and
+    every low precision the CPU emulates, for Llama (GQA, no bias, untied) and Qwen (bias, tied)."""
+    cases: dict[str, dict[str, Any]] = {}
+    for arch in ARCHITECTURES:
+        for tp in (1, 2):
+            for mode in ("none", "selective", "full"):
+                cases[f"{arch}-bf16-{mode}-tp{tp}"] = {"activation_checkpointing": mode, "tensor_parallel": tp}
+        for precision in ("fp8_tensorwise", "fp8_rowwise", "mxfp8"):
+            cases[f"{arch}-{precision}-selective-tp1"] = {"precision": precision,
+                                                          "activation_checkpointing": "selective"}
+        cases[f"{arch}-fp8_tensorwise-selective-tp2"] = {"precision": "fp8_tensorwise", "tensor_parallel": 2,
+                                                         "activation_checkpointing": "selective"}
+    return cases
+
+
+PARITY_STEPS = 3
+
+
+def fingerprint(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Per parameter: sum, L2 norm and the dot product with a fixed random vector (float64)."""
+    out = {}
+    for name, tensor in sorted(state.items()):
+        flat = tensor.detach().double().flatten()
+        probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        out[name] = [float(flat.sum()), float(flat.norm()), float(flat @ probe)]
+    return out
+
+
+def scenario_parity(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Every case of :func:`parity_cases` for a few steps on synthetic tokens: losses, gradient norms, weights.
+
+    Checkpoints every 2 steps (asynchronous where the trainer saves so), so saving is on the path.
+    """
+    from btk_trainer.checkpoint import verify_checkpoint
+    from btk_trainer.train import RunConfig, train
+    from trainer_fixtures import tiny_qwen
+
+    out: dict[str, Any] = {}
+    for name, knobs in parity_cases().items():
+        batch = 4 if knobs.get("tensor_parallel", 1) == 2 else 2  # same global batch: TP=2 has 1 data rank
+        spec = tiny_spec(micro_batch_size=batch, gradient_accumulation_steps=2,
+                         job={"checkpoint_interval_steps": 2}, **knobs)
+        if name.startswith("qwen"):
+            spec = spec.model_copy(update={"architecture": tiny_qwen()})
+        result = train(RunConfig(spec=spec, max_steps=PARITY_STEPS, device="cpu", capability=(10, 0),
+                                 checkpoint_dir=workdir / f"ckpt_{name}", return_state=True))
+        out[name] = {"losses": [result.losses[s] for s in sorted(result.losses)],
+                     "grad_norms": [result.grad_norms[s] for s in sorted(result.grad_norms)],
+                     "weights": fingerprint(result.final_state or {}), "saved": result.saved_step,
+                     "verified": verify_checkpoint(workdir / f"ckpt_{name}" / "step_00000002") is None}
+    return out
 
 
 def scenario_kill(workdir: Path, data_dir: Path) -> None:
@@ -547,6 +600,8 @@ def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_
             result = scenario_precisions_save(Path(workdir), Path(data_dir))
         elif scenario == "precisions_resume":
             result = scenario_precisions_resume(Path(workdir), Path(data_dir))
+        elif scenario == "parity":
+            result = scenario_parity(Path(workdir), Path(data_dir))
         else:
             raise SystemExit(f"unknown scenario {scenario}")
         if rank == 0:

@@ -41,6 +41,11 @@ def test_bench_script_runs_on_cpu(tmp_path: Path) -> None:
     table = (out / "performance.md").read_text()
     assert "| llama3.2-1b | legacy baseline |" in table and "planned / baseline measured" in table
     assert (out / "bench.log").read_text().count("btk_metric step=") >= 3 * 3  # metric lines reach the log
+    phases = [line for line in completed.stdout.splitlines() if line.startswith("btk-bench phases llama3.2-1b")]
+    assert phases and all(f" {name} " in phases[0] for name in
+                          ("data", "forward", "backward", "communication", "optimizer", "checkpoint"))
+    measured = next(case["measured"] for case in report["cases"] if "measured" in case)
+    assert measured["phase_seconds_per_step"]["forward"] > 0 and measured["phase_seconds_per_step"]["backward"] > 0
 
 
 def test_bench_predict_only_trains_nothing(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from btk_trainer.model import Decoder
+from btk_trainer.model import Decoder, OutputHead
 from btk_trainer.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
@@ -42,7 +42,7 @@ def test_float8_swaps_block_linears_not_the_head(llama_arch: ModelArchitecture, 
     assert apply_low_precision(model, precision, fsdp_float8_all_gather=False) == 7 * llama_arch.num_layers
     swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     assert len(swapped) == 7 * llama_arch.num_layers
-    assert "lm_head" not in " ".join(swapped) and type(model.lm_head) is torch.nn.Linear
+    assert "lm_head" not in " ".join(swapped) and type(model.lm_head) is OutputHead
     assert apply_low_precision(Decoder(llama_arch), "bf16", fsdp_float8_all_gather=False) == 0
 
 

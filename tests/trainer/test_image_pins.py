@@ -1,0 +1,129 @@
+"""The image's pins fit together: base image CUDA major = the lock's CUDA wheels = torchao's build,
+and the Dockerfile's ARGs equal the lock (containers/requirements.lock)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "containers" / "Dockerfile"
+LOCK = ROOT / "containers" / "requirements.lock"
+LOCK_INPUT = ROOT / "containers" / "requirements.in"
+
+
+def dockerfile_args(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG ([A-Z_]+)=(\S+)$", text, re.MULTILINE))
+
+
+def base_image(text: str) -> str:
+    (line,) = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    args = dockerfile_args(text)
+    return re.sub(r"\$\{([A-Z_]+)\}", lambda match: args[match[1]], line)
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\$", text, re.MULTILINE))
+
+
+def cuda_majors(pins: dict[str, str]) -> set[int]:
+    """CUDA majors the lock's CUDA wheels are built for: ``*-cuNN`` names and the CUDA 13 toolkit wheels."""
+    majors = {int(match[1]) for name in pins if (match := re.search(r"-cu(\d+)$", name))}
+    if "cuda-toolkit" in pins:
+        majors.add(int(pins["cuda-toolkit"].split(".")[0]))
+    if "nvidia-cuda-runtime" in pins:
+        majors.add(int(pins["nvidia-cuda-runtime"].split(".")[0]))
+    return majors
+
+
+def base_cuda_major(image: str) -> int:
+    match = re.fullmatch(r"nvidia/cuda:(\d+)\.\d+\.\d+-(base|runtime|cudnn-runtime|devel)-ubuntu\d+\.\d+", image)
+    assert match, f"base image {image} is not an nvidia/cuda tag"
+    return int(match[1])
+
+
+def check_pins(dockerfile: str, lock: str) -> list[str]:
+    """Every disagreement between the Dockerfile and the lock, as a message (empty: they fit)."""
+    problems = []
+    args, pins = dockerfile_args(dockerfile), lock_pins(lock)
+    base = base_cuda_major(base_image(dockerfile))
+    majors = cuda_majors(pins)
+    if majors != {base}:
+        problems.append(f"CUDA majors disagree: base image {base}, lock's CUDA wheels {sorted(majors)}")
+    local = pins.get("torch", "").partition("+")[2]
+    if local and local != f"cu{base}0" and not local.startswith(f"cu{base}"):
+        problems.append(f"torch {pins['torch']} is not a CUDA {base} build")
+    for arg, package in (("TORCH_VERSION", "torch"), ("TORCHAO_VERSION", "torchao")):
+        if args.get(arg) != pins.get(package, "").partition("+")[0]:
+            problems.append(f"Dockerfile {arg}={args.get(arg)} but the lock pins {package}=={pins.get(package)}")
+    return problems
+
+
+def test_the_checked_in_pins_fit() -> None:
+    assert check_pins(DOCKERFILE.read_text(), LOCK.read_text()) == []
+
+
+def test_the_base_is_the_lean_flavour() -> None:
+    """No second copy of the CUDA libraries and cuDNN the torch wheel brings (docs/trainer.md)."""
+    image = base_image(DOCKERFILE.read_text())
+    assert "-base-" in image, image
+    assert {"nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cublas"} <= set(lock_pins(LOCK.read_text()))
+
+
+def test_every_lock_entry_is_hashed_and_the_dockerfile_requires_hashes() -> None:
+    lock = LOCK.read_text()
+    entries = re.split(r"\n(?=[a-z0-9])", lock.split("\n", 2)[2])
+    assert entries and all("--hash=sha256:" in entry for entry in entries if "==" in entry)
+    assert "--require-hashes" in DOCKERFILE.read_text()
+    assert "requirements.lock" in DOCKERFILE.read_text()
+
+
+def test_the_lock_holds_the_inputs_and_the_trainer_dependencies() -> None:
+    pins = lock_pins(LOCK.read_text())
+    wanted = [line.split("==")[0].split(">")[0].split("<")[0].strip()
+              for line in LOCK_INPUT.read_text().splitlines() if line and not line.startswith("#")]
+    assert all(name in pins for name in wanted), [name for name in wanted if name not in pins]
+    trainer = (ROOT / "containers" / "pyproject.toml").read_text()
+    for name in re.findall(r'^\s+"([a-z0-9-]+)[<>=]', trainer, re.MULTILINE):
+        assert name in pins, f"{name} (containers/pyproject.toml) is not in the lock"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("ARG CUDA_VERSION=13.0.2", "ARG CUDA_VERSION=12.8.1"), "CUDA majors disagree"),
+        (("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.1"), "TORCH_VERSION"),
+        (("ARG TORCHAO_VERSION=0.18.0", "ARG TORCHAO_VERSION=0.17.0"), "TORCHAO_VERSION"),
+    ],
+)
+def test_drift_in_the_dockerfile_is_caught(change: tuple[str, str], expected: str) -> None:
+    dockerfile = DOCKERFILE.read_text()
+    assert change[0] in dockerfile
+    problems = check_pins(dockerfile.replace(*change), LOCK.read_text())
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_drift_in_the_lock_is_caught() -> None:
+    lock = LOCK.read_text().replace("nvidia-nccl-cu13==", "nvidia-nccl-cu12==")
+    assert any("CUDA majors disagree" in problem for problem in check_pins(DOCKERFILE.read_text(), lock))
+
+
+def test_torchao_build_links_the_base_images_cuda_major() -> None:
+    """torchao's PyPI wheel has CUDA kernels linked against libcudart.so.<major>: read them from the
+    same wheel installed here (the tests' venv installs the PyPI torchao the lock pins)."""
+    pins = lock_pins(LOCK.read_text())
+    try:
+        distribution = importlib.metadata.distribution("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("torchao is not installed here")
+    if distribution.version != pins["torchao"]:
+        pytest.skip(f"installed torchao {distribution.version} is not the locked {pins['torchao']}")
+    libraries = [Path(str(distribution.locate_file(file))) for file in distribution.files or ()
+                 if str(file).endswith(".so")]
+    linked = {int(major) for library in libraries
+              for major in re.findall(rb"libcudart\.so\.(\d+)", library.read_bytes())}
+    assert linked, "torchao ships no CUDA kernels: check which build was installed"
+    assert linked == {base_cuda_major(base_image(DOCKERFILE.read_text()))}, linked
