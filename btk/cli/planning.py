@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from btk.cli.arguments import max_nodes, node_count, non_empty
 from btk.cli.output import JSON, add_format_argument, print_json
@@ -21,20 +23,36 @@ def register(subparsers: Any) -> None:
     add_format_argument(profiles)
     profiles.set_defaults(handler=cmd_profiles)
 
-    plan = subparsers.add_parser("plan", help="choose the knobs for a profile (or every profile of --env)")
+    plan = subparsers.add_parser(
+        "plan",
+        help="choose the knobs for a profile (or every profile of --env)",
+        description="Choose the knobs for PROFILE, or for every profile of --env, and say what training "
+        "the profile's training.total_tokens costs.",
+    )
     plan.add_argument("profile", nargs="?", type=non_empty, help="profile name (see `btk profiles`)")
     plan.add_argument(
-        "--env", type=non_empty, help="plan every profile of this environment on its instance type and count"
+        "--env",
+        type=non_empty,
+        help="plan on this environment's instance type and count: PROFILE alone, or every profile of the environment",
     )
     plan.add_argument("--instance", type=non_empty, default=None, help="instance type (default ml.p6-b200.48xlarge)")
     plan.add_argument("--nodes", type=node_count, default=None, help=_NODES_HELP)
     add_format_argument(plan)
     plan.add_argument(
-        "--plot", type=non_empty, metavar="FILE.png", help="draw memory and throughput of the top candidates"
+        "--plot",
+        type=non_empty,
+        metavar="FILE.png",
+        help="draw memory and throughput of the top candidates; with several profiles, FILE-PROFILE.png each",
     )
     plan.set_defaults(handler=cmd_plan)
 
-    estimate = subparsers.add_parser("estimate", help="evaluate a given knob set (what-if, no search)")
+    estimate = subparsers.add_parser(
+        "estimate",
+        help="evaluate a given knob set (what-if, no search)",
+        description="What-if: start from the knobs `btk plan` chooses for this instance type and node count, "
+        "apply --set, and evaluate. The profile's global batch is kept: when micro_batch_size, seq_len or "
+        "tensor_parallel change, gradient_accumulation_steps is recomputed unless --set gives it.",
+    )
     estimate.add_argument("profile", type=non_empty)
     estimate.add_argument("--instance", type=non_empty, default="ml.p6-b200.48xlarge")
     estimate.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
@@ -44,7 +62,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a knob value, e.g. --set precision=fp8_tensorwise (repeatable)",
+        help="a knob value over the plan's, e.g. --set precision=fp8_tensorwise (repeatable)",
     )
     add_format_argument(estimate)
     estimate.set_defaults(handler=cmd_estimate)
@@ -59,6 +77,9 @@ def register(subparsers: Any) -> None:
     )
     compare.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
     add_format_argument(compare)
+    compare.add_argument(
+        "--plot", type=non_empty, metavar="FILE.png", help="draw tokens/s/GPU and $ per billion tokens per instance"
+    )
     compare.set_defaults(handler=cmd_compare)
 
 
@@ -97,17 +118,18 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from btk.catalog import get_environment, get_profile
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
-    from btk.planner.plot import check_plot_path, plot_plan
+    from btk.planner.cost import reserved_plan_hours
+    from btk.planner.plot import check_plot_path, plot_plans
     from btk.planner.search import plan_profile
 
-    if args.env is not None and args.profile is not None:
-        raise BtkError("give either a PROFILE or --env, not both")
     plot = check_plot_path(args.plot) if args.plot is not None else None
+    plan_hours: int | None = None
     if args.env is not None:
         env = get_environment(args.env)
         instance = get_instance_type(args.instance or env.instance_type)
         nodes = args.nodes or env.instance_count
-        names = list(env.profiles)
+        names = [args.profile] if args.profile is not None else list(env.profiles)
+        plan_hours = reserved_plan_hours(env.capacity)
     elif args.profile is not None:
         instance = get_instance_type(args.instance or DEFAULT_INSTANCE_TYPE)
         nodes = args.nodes or 1
@@ -116,17 +138,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise BtkError("plan needs a PROFILE (see `btk profiles`) or --env ENV")
 
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
-    if plot is not None:
-        plot_plan(plans[0], plot)
+    written = plot_plans(plans, plot) if plot is not None else []
     if args.output_format == JSON:
-        print_json(plans[0].to_json() if args.profile else [plan.to_json() for plan in plans])
+        documents = [plan.to_json(plan_hours) for plan in plans]
+        print_json(documents[0] if args.profile else documents)
+        _say_written(written, sys.stderr)
         return 0
     from btk.planner.render import render_plan
 
     if args.env:
         print(f"environment {args.env}: {len(plans)} profile(s) on {nodes} x {instance.name}\n")
-    print("\n\n".join(render_plan(plan) for plan in plans))
+    print("\n\n".join(render_plan(plan, plan_hours) for plan in plans))
+    _say_written(written, sys.stdout)
     return 0
+
+
+def _say_written(paths: list[Path], stream: TextIO) -> None:
+    """Where each plot went: on stdout after a table, on stderr after JSON (stdout stays one document)."""
+    for path in paths:
+        print(f"plot written to {path}", file=stream)
 
 
 def parse_settings(settings: list[str]) -> dict[str, str]:
@@ -146,28 +176,30 @@ def parse_settings(settings: list[str]) -> dict[str, str]:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    import sys
-
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
-    from btk.knobs import parse_knobs
-    from btk.planner.render import render_evaluation
-    from btk.planner.search import evaluate_knobs
+    from btk.planner.render import render_what_if
+    from btk.planner.search import what_if
 
     profile = get_profile(args.profile)
     instance = get_instance_type(args.instance)
-    values: dict[str, Any] = {"micro_batch_size": 1, "seq_len": profile.training.seq_len}
-    values.update(profile.pinned.as_dict())
-    values.update(parse_settings(args.settings))
-    knobs = parse_knobs(values)
-    evaluation = evaluate_knobs(profile, instance, args.nodes, knobs)
+    result = what_if(profile, instance, args.nodes, parse_settings(args.settings))
+    evaluation = result.evaluation
     if args.output_format == JSON:
         print_json(
-            {"profile": profile.name, "instance_type": instance.name, "nodes": args.nodes, **evaluation.as_json()}
+            {
+                "profile": profile.name,
+                "instance_type": instance.name,
+                "nodes": args.nodes,
+                "start": result.start,
+                "set": list(result.changed),
+                **evaluation.as_json(),
+                "global_batch_tokens": result.global_batch.as_json(),
+            }
         )
     else:
         print(f"{profile.name} on {args.nodes} x {instance.name}")
-        print(render_evaluation(evaluation))
+        print(render_what_if(result))
     if not evaluation.fits:
         print(
             f"btk: warning: needs {evaluation.memory.total:.1f} GiB per GPU, over the "
@@ -181,16 +213,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
     from btk.planner.compare import compare_instances
+    from btk.planner.plot import check_plot_path, plot_compare
 
+    plot = check_plot_path(args.plot) if args.plot is not None else None
     profile = get_profile(args.profile)
     names = [name.strip() for name in args.instances.split(",") if name.strip()]
     if not names:
         raise BtkError("--instances is empty: give e.g. ml.p5.48xlarge,ml.p6-b200.48xlarge")
     comparisons = compare_instances(profile, [get_instance_type(name) for name in names], args.nodes)
+    written = [plot_compare(profile.name, args.nodes, comparisons, plot)] if plot is not None else []
     if args.output_format == JSON:
         print_json({"profile": profile.name, "nodes": args.nodes, "instances": [row.to_json() for row in comparisons]})
+        _say_written(written, sys.stderr)
         return 0
     from btk.planner.render import render_compare
 
     print(render_compare(profile.name, args.nodes, comparisons))
+    _say_written(written, sys.stdout)
     return 0

@@ -1,7 +1,8 @@
 """``btk compare``'s answer: the best plan of one profile on each of several instance types.
 
-Figures are rounded here, once, to what the JSON documents (README, "plan JSON"); the text
-table prints the same rounded values, so both outputs agree.
+Figures are kept as the planner predicts them: the JSON rounds them as ``btk plan --format json``
+does, and the text table formats them with the same functions as ``btk plan`` (``render``), so
+one figure reads the same in every output.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from btk.errors import InfeasiblePlanError
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
 from btk.planner.band import ErrorBand, band_for
+from btk.planner.cost import TrainingCost
 from btk.planner.search import longest_sequence_one_node, plan_profile
 from btk.profile import ModelProfile
 
 
 @dataclass(frozen=True)
 class PlannedFigures:
-    """The best plan's knobs and figures on one instance type, rounded as printed."""
+    """The best plan's knobs and figures on one instance type, unrounded."""
 
     knobs: TrainingKnobs
     tokens_per_second_per_gpu: float
@@ -28,6 +30,8 @@ class PlannedFigures:
     mfu: float
     usd_per_billion_tokens: float
     memory_gib: float
+    training_cost: TrainingCost | None
+    """What the profile's ``training.total_tokens`` costs (None when it sets none)."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,12 @@ class InstanceComparison:
             "instance_type": self.instance_type,
             "fits": True,
             "knobs": planned.knobs.model_dump(),
-            "tokens_per_second_per_gpu": planned.tokens_per_second_per_gpu,
-            "tokens_per_second_per_node": planned.tokens_per_second_per_node,
-            "mfu": planned.mfu,
-            "usd_per_billion_tokens": planned.usd_per_billion_tokens,
-            "memory_gib": planned.memory_gib,
+            "tokens_per_second_per_gpu": round(planned.tokens_per_second_per_gpu, 1),
+            "tokens_per_second_per_node": round(planned.tokens_per_second_per_node, 1),
+            "mfu": round(planned.mfu, 4),
+            "usd_per_billion_tokens": round(planned.usd_per_billion_tokens, 2),
+            "memory_gib": round(planned.memory_gib, 1),
+            "training_cost": planned.training_cost.as_json() if planned.training_cost is not None else None,
             "longest_seq_len_one_node": self.longest_seq_len_one_node,
             "error_band": self.band.as_json(),
         }
@@ -81,11 +86,12 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
     estimate = plan.evaluation.estimate
     planned = PlannedFigures(
         knobs=plan.knobs,
-        tokens_per_second_per_gpu=round(estimate.tokens_per_second_per_gpu, 1),
-        tokens_per_second_per_node=round(estimate.tokens_per_second_per_gpu * instance.gpus_per_node, 1),
-        mfu=round(estimate.mfu, 4),
-        usd_per_billion_tokens=round(estimate.usd_per_billion_tokens, 2),
-        memory_gib=round(plan.evaluation.memory.total, 1),
+        tokens_per_second_per_gpu=estimate.tokens_per_second_per_gpu,
+        tokens_per_second_per_node=estimate.tokens_per_second_per_gpu * instance.gpus_per_node,
+        mfu=estimate.mfu,
+        usd_per_billion_tokens=estimate.usd_per_billion_tokens,
+        memory_gib=plan.evaluation.memory.total,
+        training_cost=plan.training_cost(),
     )
     return InstanceComparison(instance.name, longest, planned, band_for(instance))
 

@@ -1,19 +1,53 @@
-"""Human-readable tables for plans, estimates and comparisons (plain text, no deps)."""
+"""Human-readable tables for plans, estimates and comparisons (plain text, no deps).
+
+Each figure has one formatting function here, used by every command that prints it, so the
+same value reads the same in ``btk plan``, ``btk estimate`` and ``btk compare``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from btk.knobs import TrainingKnobs
 from btk.planner.band import band_for
 from btk.planner.compare import InstanceComparison, PlannedFigures
-from btk.planner.search import Evaluation, Plan
+from btk.planner.cost import PLAN_FEE_NOTE, TrainingCost
+from btk.planner.memory import MemoryBreakdown
+from btk.planner.search import Evaluation, GlobalBatch, Plan, WhatIf
 from btk.table import Column, Table
 
 MEMORY_ROWS = ("parameters", "gradients", "optimizer", "activations", "logits", "other", "total", "capacity")
 
 
-def _knob_line(evaluation: Evaluation) -> str:
-    k = evaluation.knobs
+def format_mfu(mfu: float) -> str:
+    """Model FLOPs utilisation, one decimal of a per cent: ``52.2%``."""
+    return f"{mfu:.1%}"
+
+
+def format_speed(tokens_per_second: float) -> str:
+    """Tokens per second, whole tokens with thousands separators."""
+    return f"{tokens_per_second:,.0f}"
+
+
+def format_usd(usd: float) -> str:
+    """Whole dollars with thousands separators."""
+    return f"${usd:,.0f}"
+
+
+def format_days(days: float) -> str:
+    return f"{days:,.1f} days"
+
+
+def format_tokens(tokens: int) -> str:
+    """A token count the way profiles give it: ``300B``, ``1.4T``, ``750M``."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if tokens >= scale:
+            return f"{tokens / scale:,.4g}{suffix}"
+    return f"{tokens:,}"
+
+
+def _knob_line(knobs: TrainingKnobs) -> str:
+    k = knobs
     return (
         f"mb={k.micro_batch_size} ga={k.gradient_accumulation_steps} seq={k.seq_len} {k.precision} "
         f"ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel} "
@@ -21,24 +55,63 @@ def _knob_line(evaluation: Evaluation) -> str:
     )
 
 
+def _memory_row(memory: MemoryBreakdown, name: str) -> str:
+    """One part of the breakdown; a part that is zero says why."""
+    value = getattr(memory, name)
+    text = f"{name} {value:.1f}"
+    if value == 0 and name == "logits" and memory.peak_phase == "backward":
+        text += " (freed before the backward peak)"
+    elif value == 0 and name == "other":
+        text += " (nothing gathered: unsharded)"
+    return text
+
+
 def render_evaluation(evaluation: Evaluation) -> str:
     e, m = evaluation.estimate, evaluation.memory
-    lines = [f"  knobs     {_knob_line(evaluation)}"]
-    lines.append("  memory    " + "  ".join(f"{name} {getattr(m, name):.1f}" for name in MEMORY_ROWS) + " GiB")
+    lines = [f"  knobs     {_knob_line(evaluation.knobs)}"]
+    lines.append("  memory    " + "  ".join(_memory_row(m, name) for name in MEMORY_ROWS) + " GiB")
     lines.append(
-        f"  estimate  {e.tokens_per_second_per_gpu:,.0f} tokens/s/GPU  MFU {e.mfu:.1%}  step {e.step_seconds:.2f} s  "
-        f"${e.usd_per_billion_tokens:,.0f} per billion tokens  (fits: {'yes' if evaluation.fits else 'NO'})"
+        f"  estimate  {format_speed(e.tokens_per_second_per_gpu)} tokens/s/GPU  MFU {format_mfu(e.mfu)}  "
+        f"step {e.step_seconds:.2f} s  {format_usd(e.usd_per_billion_tokens)} per billion tokens  "
+        f"(fits: {'yes' if evaluation.fits else 'NO'})"
     )
     return "\n".join(lines)
 
 
-def render_plan(plan: Plan) -> str:
+def render_global_batch(batch: GlobalBatch) -> list[str]:
+    """A note when whole micro-batches cannot reach the profile's global batch exactly."""
+    if not batch.rounded:
+        return []
+    return [
+        f"note: global batch {batch.planned_tokens:,} tokens, not the requested {batch.requested_tokens:,}: "
+        "rounded up to whole micro-batches on every data-parallel rank"
+    ]
+
+
+def render_training_cost(cost: TrainingCost | None) -> list[str]:
+    """Days and dollars to train the profile's ``training.total_tokens``."""
+    if cost is None:
+        return ["to train: the profile sets no training.total_tokens"]
+    plan_days = cost.plan_duration_hours / 24
+    return [
+        f"to train {format_tokens(cost.total_tokens)} tokens (training.total_tokens) at this speed:",
+        f"  on demand       {format_days(cost.on_demand_days)}, {format_usd(cost.on_demand_usd)} at the catalog price",
+        f"  training plans  {cost.plans} x {plan_days:g}-day plan: {format_days(cost.plan_days_booked)} booked, "
+        f"each plan training {cost.usable_hours_per_plan:g} of its {cost.plan_duration_hours} h",
+        f"                  {PLAN_FEE_NOTE}",
+    ]
+
+
+def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
     best = plan.evaluation
     header = (
         f"{plan.profile.name} ({plan.profile.parameter_count / 1e9:.2f}B) on {plan.nodes} x {plan.instance.name} "
         f"({plan.nodes * plan.instance.gpus_per_node} x {plan.instance.gpu.name}, budget {best.budget_gib:.0f} GiB/GPU)"
     )
-    lines = [header, f"error band: {band_for(plan.instance).describe()}", "plan:", render_evaluation(best), "why:"]
+    lines = [header, f"error band: {band_for(plan.instance).describe()}", "plan:", render_evaluation(best)]
+    lines += render_global_batch(plan.global_batch)
+    lines += render_training_cost(plan.training_cost(plan_duration_hours))
+    lines.append("why:")
     lines += [f"  - {line}" for line in plan.explanations]
     if plan.baseline is not None:
         lines += [
@@ -51,10 +124,28 @@ def render_plan(plan: Plan) -> str:
     if plan.alternatives:
         lines.append("top alternatives:")
         for alternative in plan.alternatives:
-            est = alternative.estimate
+            speed = format_speed(alternative.estimate.tokens_per_second_per_gpu)
             lines.append(
-                f"  {est.tokens_per_second_per_gpu:>9,.0f} tok/s/GPU  {alternative.memory.total:6.1f} GiB  {_knob_line(alternative)}"
+                f"  {speed:>9} tok/s/GPU  {alternative.memory.total:6.1f} GiB  {_knob_line(alternative.knobs)}"
             )
+    return "\n".join(lines)
+
+
+def render_what_if(what_if: WhatIf) -> str:
+    """``btk estimate``'s text: where the knobs came from, their evaluation and the global batch."""
+    changed = f"; set: {', '.join(what_if.changed)}" if what_if.changed else ""
+    source = "the plan for this cluster" if what_if.start == "plan" else "micro-batch 1 (no plan fits this cluster)"
+    lines = [f"starting from {source}{changed}", render_evaluation(what_if.evaluation)]
+    batch = what_if.global_batch
+    if what_if.accumulation_recomputed:
+        lines.append(
+            f"gradient accumulation {what_if.evaluation.knobs.gradient_accumulation_steps}: recomputed to keep the "
+            f"profile's {batch.requested_tokens:,}-token global batch"
+        )
+    elif batch.planned_tokens != batch.requested_tokens:
+        lines.append(
+            f"note: global batch {batch.planned_tokens:,} tokens, not the profile's {batch.requested_tokens:,}"
+        )
     return "\n".join(lines)
 
 
@@ -70,6 +161,11 @@ def _planned_cell(text: Callable[[PlannedFigures], str], missing: str = "") -> C
     return lambda comparison: missing if comparison.planned is None else text(comparison.planned)
 
 
+def _cost_cell(text: Callable[[TrainingCost], str]) -> Callable[[PlannedFigures], str]:
+    """A cell from the cost of training ``training.total_tokens`` (``-`` when the profile sets none)."""
+    return lambda planned: "-" if planned.training_cost is None else text(planned.training_cost)
+
+
 def _longest(comparison: InstanceComparison) -> str:
     return f"{comparison.longest_seq_len_one_node:,}" if comparison.longest_seq_len_one_node else "does not fit"
 
@@ -78,12 +174,14 @@ COMPARE_TABLE: Table[InstanceComparison] = Table(
     [
         Column("instance type", lambda c: c.instance_type, "left", 22),
         Column(
-            "tok/s/GPU", _planned_cell(lambda p: f"{p.tokens_per_second_per_gpu:,.0f}", "does not fit"), "right", 10
+            "tok/s/GPU", _planned_cell(lambda p: format_speed(p.tokens_per_second_per_gpu), "does not fit"), "right", 10
         ),
-        Column("tok/s/node", _planned_cell(lambda p: f"{p.tokens_per_second_per_node:,.0f}"), "right", 11),
-        Column("MFU", _planned_cell(lambda p: f"{p.mfu:.1%}"), "right", 6),
+        Column("tok/s/node", _planned_cell(lambda p: format_speed(p.tokens_per_second_per_node)), "right", 11),
+        Column("MFU", _planned_cell(lambda p: format_mfu(p.mfu)), "right", 6),
         Column("$/B tokens", _planned_cell(lambda p: f"{p.usd_per_billion_tokens:,.0f}"), "right", 11),
         Column("GiB", _planned_cell(lambda p: f"{p.memory_gib:.1f}"), "right", 6),
+        Column("days", _planned_cell(_cost_cell(lambda c: f"{c.on_demand_days:,.1f}")), "right", 6),
+        Column("$ to train", _planned_cell(_cost_cell(lambda c: f"{c.on_demand_usd:,.0f}")), "right", 11),
         Column("longest seq (1 node, TP 1)", _longest, "right", 27),
         Column("knobs", _compare_knobs, gap="  "),
     ],
@@ -94,6 +192,13 @@ COMPARE_TABLE: Table[InstanceComparison] = Table(
 
 def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> str:
     lines = [f"{profile} on {nodes} node(s) of each instance type", ""]
-    bands = ["", "error bands (how far the model missed published runs it was not fitted to):"]
+    costs = [c.planned.training_cost for c in comparisons if c.planned is not None and c.planned.training_cost]
+    notes = [""]
+    if costs:
+        notes.append(
+            f"days, $ to train: training.total_tokens ({format_tokens(costs[0].total_tokens)}) on demand at the "
+            "catalog price; --format json adds the training plans it takes (their fees are not in the catalog)"
+        )
+    bands = ["error bands (how far the model missed published runs it was not fitted to):"]
     bands += [f"  {c.instance_type:22} {c.band.describe()}" for c in comparisons]
-    return "\n".join(lines + COMPARE_TABLE.text(comparisons) + bands)
+    return "\n".join(lines + COMPARE_TABLE.text(comparisons) + notes + bands)

@@ -6,8 +6,9 @@ FSDP full shard (plus hybrid shard on several nodes, and no shard), tensor paral
 1/2/4/8 where it divides the KV heads and fits in a node, power-of-two micro-batches up to
 the target global batch, ``torch.compile`` and a fused loss on. Pinned knobs restrict the
 space. A candidate is feasible when its peak memory is at most ``MEMORY_SAFETY_FRACTION`` of
-HBM. The best is the highest tokens/s per GPU at the planner's 1 % resolution; ties go to
-less memory, then to the earlier candidate in a fixed order, so plans are deterministic.
+HBM. Every feasible candidate within the planner's 1 % speed resolution of the fastest counts
+as tied with it (:func:`ties_with`); of those the one with the least memory wins, then the
+earlier candidate in a fixed order, so plans are deterministic (:func:`choose_best`).
 
 The *legacy baseline* is what teams port from 80 GB-era configs: full activation
 checkpointing, micro-batch 1, bf16, FSDP full shard, eager fp32 cross-entropy (``torch.compile``
@@ -17,7 +18,7 @@ on the blocks is kept, so the speed-up shown comes from the memory knobs alone).
 from __future__ import annotations
 
 import itertools
-import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +32,10 @@ from btk.knobs import (
     TrainingKnobs,
     knob_combination_problem,
     knobs_to_hyperparameters,
+    parse_knobs,
 )
 from btk.planner.band import band_for
+from btk.planner.cost import TrainingCost, training_cost
 from btk.planner.memory import MemoryBreakdown, estimate_memory
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
 from btk.profile import ModelProfile
@@ -40,6 +43,8 @@ from btk.profile import ModelProfile
 MEMORY_SAFETY_FRACTION = 0.90
 SPEED_RESOLUTION = 0.01
 MAX_MICRO_BATCH = 64
+ALTERNATIVES = 4
+"""Runner-up knob sets a plan lists."""
 PRECISION_ORDER = ("bf16", "fp8_rowwise", "fp8_tensorwise", "mxfp8")
 SHARDING_ORDER = ("full_shard", "hybrid_shard", "no_shard")
 
@@ -67,6 +72,46 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class GlobalBatch:
+    """The profile's target global batch and the one whole micro-batches reach (rounded up)."""
+
+    requested_tokens: int
+    planned_tokens: int
+
+    @property
+    def rounded(self) -> bool:
+        return self.planned_tokens != self.requested_tokens
+
+    def as_json(self) -> dict[str, Any]:
+        return {"requested": self.requested_tokens, "planned": self.planned_tokens, "rounded": self.rounded}
+
+
+def global_batch(profile: ModelProfile, evaluation: Evaluation) -> GlobalBatch:
+    """``training.global_batch_tokens`` against what ``evaluation``'s knobs train per step."""
+    return GlobalBatch(profile.training.global_batch_tokens, evaluation.estimate.global_batch_tokens)
+
+
+def cost_to_train(
+    profile: ModelProfile,
+    instance: InstanceType,
+    nodes: int,
+    evaluation: Evaluation,
+    plan_duration_hours: int | None = None,
+) -> TrainingCost | None:
+    """Days and dollars to train ``training.total_tokens`` at ``evaluation``'s speed; None if the profile sets none."""
+    total = profile.training.total_tokens
+    if total is None:
+        return None
+    return training_cost(
+        total,
+        evaluation.estimate.tokens_per_second_per_gpu,
+        nodes * instance.gpus_per_node,
+        instance.usd_per_hour.value * nodes,
+        plan_duration_hours,
+    )
+
+
+@dataclass(frozen=True)
 class Plan:
     """The chosen knobs with their evaluation, the baseline, alternatives and reasons."""
 
@@ -89,12 +134,21 @@ class Plan:
             return None
         return self.evaluation.estimate.tokens_per_second_per_gpu / self.baseline.estimate.tokens_per_second_per_gpu
 
+    @property
+    def global_batch(self) -> GlobalBatch:
+        return global_batch(self.profile, self.evaluation)
+
+    def training_cost(self, plan_duration_hours: int | None = None) -> TrainingCost | None:
+        """What ``training.total_tokens`` costs with this plan (training plans of ``plan_duration_hours``)."""
+        return cost_to_train(self.profile, self.instance, self.nodes, self.evaluation, plan_duration_hours)
+
     def hyperparameters(self) -> dict[str, str]:
         return knobs_to_hyperparameters(self.knobs)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, plan_duration_hours: int | None = None) -> dict[str, Any]:
         """The documented ``btk plan --json`` object (see README, "plan JSON")."""
         chosen = self.evaluation.as_json()
+        cost = self.training_cost(plan_duration_hours)
         return {
             "profile": self.profile.name,
             "instance_type": self.instance.name,
@@ -104,6 +158,8 @@ class Plan:
             "knobs": chosen["knobs"],
             "memory_gib": chosen["memory_gib"],
             "estimate": chosen["estimate"],
+            "global_batch_tokens": self.global_batch.as_json(),
+            "training_cost": cost.as_json() if cost is not None else None,
             "baseline": self.baseline.as_json() if self.baseline else None,
             "speedup_vs_baseline": round(self.speedup_vs_baseline, 3) if self.speedup_vs_baseline else None,
             "explanations": list(self.explanations),
@@ -246,18 +302,35 @@ def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: i
     return evaluations
 
 
-def speed_bucket(tokens_per_second: float) -> int:
-    """Throughput on a log scale with ``SPEED_RESOLUTION`` steps: the planner's resolution.
+def ties_with(tokens_per_second: float, fastest: float) -> bool:
+    """Whether a candidate is as fast as ``fastest`` at the planner's ``SPEED_RESOLUTION``.
 
-    The models are not accurate to better than a few per cent, so candidates in the same
-    bucket count as equally fast and the one with more memory headroom wins. Bucketing is
-    monotone, so more HBM still never yields a slower best plan.
+    The models are not accurate to better than a few per cent, so a candidate at most 1 %
+    slower than the fastest counts as equally fast, and the tie goes to less memory.
     """
-    return math.floor(math.log(max(tokens_per_second, 1e-9)) / math.log(1 + SPEED_RESOLUTION))
+    return tokens_per_second >= fastest * (1 - SPEED_RESOLUTION)
 
 
-def _rank_key(evaluation: Evaluation) -> tuple[int, float]:
-    return (-speed_bucket(evaluation.estimate.tokens_per_second_per_gpu), evaluation.memory.total)
+def _speed(evaluation: Evaluation) -> float:
+    return evaluation.estimate.tokens_per_second_per_gpu
+
+
+def choose_best(feasible: Sequence[Evaluation]) -> Evaluation:
+    """The documented rule: of the candidates tied with the fastest, the least memory, then the earliest."""
+    fastest = max(_speed(evaluation) for evaluation in feasible)
+    tied = [evaluation for evaluation in feasible if ties_with(_speed(evaluation), fastest)]
+    return min(tied, key=lambda evaluation: evaluation.memory.total)  # min keeps the earliest of equals
+
+
+def rank(feasible: Sequence[Evaluation], count: int) -> list[Evaluation]:
+    """The first ``count`` candidates in :func:`choose_best` order (the best, then the best of the rest, ...)."""
+    remaining = list(feasible)
+    ranked: list[Evaluation] = []
+    while remaining and len(ranked) < count:
+        best = choose_best(remaining)
+        ranked.append(best)
+        remaining.remove(best)
+    return ranked
 
 
 def _pin_overflow_message(profile: ModelProfile, instance: InstanceType, candidates: list[Evaluation]) -> str:
@@ -316,33 +389,22 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
     candidates = enumerate_candidates(profile, instance, nodes)
     if not candidates:
         raise InfeasiblePlanError(f"no knob set of {profile.name} can run on {instance.name} with these pins")
-    feasible = sorted((c for c in candidates if c.fits), key=_rank_key)
+    feasible = [c for c in candidates if c.fits]
     if not feasible:
         raise InfeasiblePlanError(_pin_overflow_message(profile, instance, candidates))
-    best = feasible[0]
+    best, *alternatives = rank(feasible, ALTERNATIVES + 1)
     baseline_knobs = legacy_baseline_knobs(profile, instance, nodes)
     baseline = evaluate_knobs(profile, instance, nodes, baseline_knobs) if baseline_knobs is not None else None
-    alternatives = tuple(_distinct_alternatives(feasible[1:], best, limit=4))
     return Plan(
         profile=profile,
         instance=instance,
         nodes=nodes,
         evaluation=best,
         baseline=baseline if baseline is not None and baseline.fits else None,
-        alternatives=alternatives,
+        alternatives=tuple(alternatives),
         explanations=tuple(explain(best, candidates, pins)),
         candidates=tuple(candidates),
     )
-
-
-def _distinct_alternatives(ranked: list[Evaluation], best: Evaluation, limit: int) -> list[Evaluation]:
-    """Runner-up plans that differ from the best in more than gradient accumulation."""
-    chosen: list[Evaluation] = []
-    for evaluation in ranked:
-        if len(chosen) == limit:
-            break
-        chosen.append(evaluation)
-    return chosen
 
 
 EXPLAINED_KNOBS = ("activation_checkpointing", "micro_batch_size", "precision", "sharding", "tensor_parallel")
@@ -353,6 +415,7 @@ def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]
     lines = []
     chosen = best.knobs
     spare = best.budget_gib - best.memory.total
+    fastest = max(_speed(c) for c in candidates if c.fits)
     for name in EXPLAINED_KNOBS:
         value = getattr(chosen, name)
         if name in pins:
@@ -362,17 +425,15 @@ def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]
         if not others:
             lines.append(f"{name} {value}: the only value this hardware and model allow")
             continue
-        feasible_others = sorted((c for c in others if c.fits), key=_rank_key)
+        feasible_others = [c for c in others if c.fits]
         if name == "activation_checkpointing" and value == "none":
             lines.append(f"activation checkpointing off: fits with {spare:.0f} GiB to spare")
             continue
         if feasible_others:
-            rival = feasible_others[0]
+            rival = choose_best(feasible_others)
             slower = 1 - rival.estimate.tokens_per_second_per_gpu / best.estimate.tokens_per_second_per_gpu
             rival_value = getattr(rival.knobs, name)
-            if speed_bucket(rival.estimate.tokens_per_second_per_gpu) >= speed_bucket(
-                best.estimate.tokens_per_second_per_gpu
-            ):
+            if ties_with(_speed(rival), fastest):  # tied with the fastest, so it needs at least as much memory
                 saved = rival.memory.total - best.memory.total
                 lines.append(
                     f"{name} {value}: as fast as {rival_value} within the planner's "
@@ -402,6 +463,64 @@ def plan_environment(env: EnvironmentConfig) -> dict[str, Plan]:
     except UnknownNameError as error:
         raise UnknownNameError(f"environment {env.name!r}: instance_type: {error}") from None
     return {name: plan_profile(get_profile(name), instance, env.instance_count) for name in env.profiles}
+
+
+#: Knobs whose change alters the tokens one micro-step trains, so the accumulation is recomputed.
+BATCH_SHAPING_KNOBS = ("micro_batch_size", "seq_len", "tensor_parallel")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """``btk estimate``'s knobs: where they started, what was changed, and their evaluation."""
+
+    start: str
+    """``"plan"`` (the planner's choice for this cluster) or ``"micro-batch 1"`` where no plan fits."""
+    changed: tuple[str, ...]
+    """The knobs set explicitly, in the order given."""
+    accumulation_recomputed: bool
+    """Whether gradient accumulation was recomputed to keep the profile's global batch."""
+    evaluation: Evaluation
+    global_batch: GlobalBatch
+
+
+def what_if(profile: ModelProfile, instance: InstanceType, nodes: int, overrides: Mapping[str, Any]) -> WhatIf:
+    """The plan's knobs for ``nodes`` x ``instance`` with ``overrides`` applied, evaluated (no search).
+
+    The profile's global batch is kept: when ``overrides`` change the tokens of a micro-step
+    (:data:`BATCH_SHAPING_KNOBS`), gradient accumulation is recomputed unless ``overrides`` or
+    the profile's pins set ``gradient_accumulation_steps``. Where no knob set fits, the start
+    is micro-batch 1 with the profile's pins.
+    """
+    try:
+        start, values = "plan", plan_profile(profile, instance, nodes).knobs.model_dump()
+    except InfeasiblePlanError:
+        start = "micro-batch 1"
+        values = {"micro_batch_size": 1, "seq_len": profile.training.seq_len, **profile.pinned.as_dict()}
+    knobs = parse_knobs(values | dict(overrides))
+    fixed = "gradient_accumulation_steps" in overrides or "gradient_accumulation_steps" in profile.pinned.as_dict()
+    recompute = not fixed and (start != "plan" or any(name in overrides for name in BATCH_SHAPING_KNOBS))
+    if recompute:
+        knobs = _keep_global_batch(profile, instance, nodes, knobs)
+    evaluation = evaluate_knobs(profile, instance, nodes, knobs)
+    return WhatIf(start, tuple(overrides), recompute, evaluation, global_batch(profile, evaluation))
+
+
+def _keep_global_batch(
+    profile: ModelProfile, instance: InstanceType, nodes: int, knobs: TrainingKnobs
+) -> TrainingKnobs:
+    """``knobs`` with the gradient accumulation that reaches the profile's global batch."""
+    check_runnable(profile, instance, nodes, knobs)  # a tensor_parallel the node cannot hold fails here, by name
+    data_parallel = instance.gpus_per_node * nodes // knobs.tensor_parallel
+    target = profile.training.global_batch_tokens
+    steps = gradient_accumulation_for(target, knobs.micro_batch_size, knobs.seq_len, data_parallel)
+    if steps > MAX_GRADIENT_ACCUMULATION_STEPS:
+        raise InfeasiblePlanError(
+            f"keeping the {target:,}-token global batch with micro_batch_size {knobs.micro_batch_size} x seq_len "
+            f"{knobs.seq_len} on {data_parallel} data-parallel ranks needs {steps:,} gradient accumulation steps, "
+            f"more than the {MAX_GRADIENT_ACCUMULATION_STEPS:,} allowed: raise micro_batch_size or set "
+            "gradient_accumulation_steps"
+        )
+    return knobs.model_copy(update={"gradient_accumulation_steps": steps})
 
 
 def longest_sequence_one_node(profile: ModelProfile, instance: InstanceType, step: int = 1024) -> int:

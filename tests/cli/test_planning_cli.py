@@ -61,11 +61,81 @@ def test_plan_env_plans_every_profile(capsys: pytest.CaptureFixture[str], env: s
     assert [p["profile"] for p in json.loads(out)] == list(all_environments()[env].profiles)
 
 
-def test_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_writes_png_and_says_where(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     target = tmp_path / "plan.png"
-    code, _, _ = run(capsys, "plan", "llama3.2-1b", "--plot", str(target))
+    code, out, _ = run(capsys, "plan", "llama3.2-1b", "--plot", str(target))
     assert code == 0
-    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
+    assert target.read_bytes()[:8] == PNG and target.stat().st_size > 10_000
+    assert out.splitlines()[-1] == f"plot written to {target}"
+
+
+def test_plot_path_goes_to_stderr_under_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "plan.png"
+    code, out, err = run(capsys, "plan", "llama3.2-1b", "--plot", str(target), "--format", "json")
+    assert code == 0 and json.loads(out)["profile"] == "llama3.2-1b"
+    assert err == f"plot written to {target}\n"
+
+
+def test_plan_env_plot_draws_every_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    env = max(all_environments().values(), key=lambda e: len(e.profiles))
+    code, out, _ = run(capsys, "plan", "--env", env.name, "--plot", str(tmp_path / "env.png"))
+    assert code == 0
+    expected = (
+        [tmp_path / f"env-{name}.png" for name in env.profiles] if len(env.profiles) > 1 else [tmp_path / "env.png"]
+    )
+    for path in expected:
+        assert path.read_bytes()[:8] == PNG
+        assert f"plot written to {path}" in out.splitlines()
+
+
+def test_compare_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "compare.png"
+    code, out, _ = run(capsys, "compare", "llama3.2-1b", "--instances", "p5,b200", "--plot", str(target))
+    assert code == 0 and target.read_bytes()[:8] == PNG
+    assert out.splitlines()[-1] == f"plot written to {target}"
+
+
+def test_plot_labels_name_every_knob_that_differs() -> None:
+    from btk.knobs import TrainingKnobs
+    from btk.planner.plot import knob_labels
+
+    full = TrainingKnobs(micro_batch_size=2, seq_len=8192, sharding="full_shard")
+    labels = knob_labels([full, full.model_copy(update={"sharding": "no_shard"})])
+    assert len(set(labels)) == 2 and "full_shard" in labels[0] and "no_shard" in labels[1]
+    assert "mb" not in labels[0]  # the same in both: left out
+
+
+def test_plan_profile_on_an_environment_uses_its_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    from btk.hardware import get_instance_type
+
+    env = next(iter(all_environments().values()))
+    profile = env.profiles[0]
+    code, out, _ = run(capsys, "plan", profile, "--env", env.name, "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["profile"] == profile and data["nodes"] == env.instance_count
+    assert data["instance_type"] == get_instance_type(env.instance_type).name
+
+
+def test_plan_json_carries_the_cost_of_total_tokens_and_the_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    from btk.catalog import get_profile
+
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    profile = get_profile("llama3.1-8b")
+    assert data["global_batch_tokens"]["requested"] == profile.training.global_batch_tokens
+    assert data["global_batch_tokens"]["planned"] == data["estimate"]["global_batch_tokens"]
+    if profile.training.total_tokens is None:
+        assert data["training_cost"] is None
+        return
+    cost = data["training_cost"]
+    assert cost["total_tokens"] == profile.training.total_tokens
+    assert cost["on_demand"]["days"] > 0 and cost["on_demand"]["usd"] > 0
+    assert cost["training_plan"]["fee_usd"] is None
 
 
 def test_estimate_applies_settings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,6 +158,85 @@ def test_estimate_applies_settings(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(out)
     assert data["knobs"]["micro_batch_size"] == 2 and data["knobs"]["precision"] == "fp8_tensorwise"
     assert data["fits"] is True
+
+
+def _estimate(capsys: pytest.CaptureFixture[str], *settings: str) -> dict[str, object]:
+    argv = ["estimate", "llama3.1-8b", "--instance", "ml.p5.48xlarge", "--format", "json"]
+    for setting in settings:
+        argv += ["--set", setting]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    data: dict[str, object] = json.loads(out)
+    return data
+
+
+def test_estimate_starts_from_the_plan_and_keeps_its_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    from btk.catalog import get_profile
+    from btk.hardware import get_instance_type
+    from btk.planner.search import plan_profile
+
+    profile = get_profile("llama3.1-8b")
+    plan = plan_profile(profile, get_instance_type("ml.p5.48xlarge"), 1)
+    data = _estimate(capsys)
+    assert data["start"] == "plan" and data["knobs"] == plan.knobs.model_dump()
+    assert data["estimate"] == plan.evaluation.estimate.as_json()  # type: ignore[comparison-overlap]
+    assert data["global_batch_tokens"] == plan.global_batch.as_json()
+
+
+@pytest.mark.parametrize("setting", ["micro_batch_size=4", "seq_len=4096", "tensor_parallel=2"])
+def test_estimate_recomputes_accumulation_to_keep_the_global_batch(
+    capsys: pytest.CaptureFixture[str], setting: str
+) -> None:
+    from btk.catalog import get_profile
+
+    target = get_profile("llama3.1-8b").training.global_batch_tokens
+    data = _estimate(capsys, setting)
+    knobs = data["knobs"]
+    assert isinstance(knobs, dict)
+    name, value = setting.split("=")
+    assert knobs[name] == int(value)
+    batch = data["global_batch_tokens"]
+    assert isinstance(batch, dict) and batch["requested"] == target
+    per_step = knobs["micro_batch_size"] * knobs["seq_len"] * 8 // knobs["tensor_parallel"]
+    assert batch["planned"] == per_step * knobs["gradient_accumulation_steps"] >= target
+    assert batch["planned"] - per_step < target  # the fewest micro-batches that reach it
+
+
+def test_estimate_keeps_an_explicit_accumulation(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _estimate(capsys, "micro_batch_size=4", "gradient_accumulation_steps=3")
+    knobs = data["knobs"]
+    assert isinstance(knobs, dict) and knobs["gradient_accumulation_steps"] == 3
+    batch = data["global_batch_tokens"]
+    assert isinstance(batch, dict) and batch["planned"] == 4 * knobs["seq_len"] * 8 * 3
+
+
+def test_estimate_text_says_where_it_started(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "llama3.1-8b", "--instance", "p5", "--set", "micro_batch_size=4")
+    assert code == 0
+    assert "starting from the plan for this cluster; set: micro_batch_size" in out
+    assert "recomputed to keep the profile's" in out
+
+
+def test_estimate_help_says_it_starts_from_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "estimate", "--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "start from the knobs `btk plan` chooses" in flat and "gradient_accumulation_steps is recomputed" in flat
+
+
+def test_a_zero_part_of_the_memory_breakdown_says_why() -> None:
+    import dataclasses
+
+    from btk.catalog import get_profile
+    from btk.hardware import get_instance_type
+    from btk.planner.render import render_evaluation
+    from btk.planner.search import plan_profile
+
+    evaluation = plan_profile(get_profile("llama3.2-1b"), get_instance_type("p5"), 1).evaluation
+    backward = dataclasses.replace(evaluation.memory, logits=0.0, other=0.0, peak_phase="backward")
+    text = render_evaluation(dataclasses.replace(evaluation, memory=backward))
+    assert "logits 0.0 (freed before the backward peak)" in text
+    assert "other 0.0 (nothing gathered: unsharded)" in text
 
 
 def test_estimate_warns_when_it_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:

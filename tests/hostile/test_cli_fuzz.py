@@ -281,7 +281,7 @@ def sagemaker(monkeypatch: pytest.MonkeyPatch) -> EmptySageMaker:
 
 @pytest.fixture(scope="module")
 def plot_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Paths for ``--plot``: only ``writable`` may be written by ``btk plan``; ``report --plot`` takes none of them."""
+    """Paths for ``--plot``: only ``writable`` may be written (plan, compare); ``report --plot`` takes none of them."""
     root = tmp_path_factory.mktemp("plots")
     (root / "folder.png").mkdir()
     (root / "file.txt").write_text("x")
@@ -322,15 +322,15 @@ def test_profiles(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker,
 
 @st.composite
 def plan_target(draw: st.DrawFn, hostile: bool) -> list[Arg]:
-    """A PROFILE or --env; hostile: a bad one, both or neither."""
-    targets = ["bad profile", "bad env", "both", "neither"] if hostile else ["profile", "profile", "env"]
+    """A PROFILE, --env, or both (the profile on the environment's cluster); hostile: a bad one or neither."""
+    targets = ["bad profile", "bad env", "neither"] if hostile else ["profile", "profile", "env", "both"]
     target = draw(st.sampled_from(targets))
     args: list[Arg] = []
     if target in ("profile", "both", "bad profile"):
         args += draw(PROFILE_ARGUMENT(target == "bad profile"))
     if target in ("env", "both", "bad env"):
         args += draw(Opt("--env", ENV_NAMES, is_environment, required=True)(target == "bad env"))
-    if target in ("both", "neither"):
+    if target == "neither":
         args.append(Arg((), False))
     return args
 
@@ -400,12 +400,14 @@ INSTANCE_LISTS = tuple(",".join(names) for names in (INSTANCE_TYPES, list(INSTAN
 
 
 @fuzz(140)
-@given(
-    args=command_line(
-        Opt("--instances", INSTANCE_LISTS, is_instance_list), NODES_OPTION, TABLE_OR_JSON, head=(PROFILE_ARGUMENT,)
+@given(data=st.data())
+def test_compare(
+    capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, plot_paths: dict[str, str], data: st.DataObject
+) -> None:
+    instances = Opt("--instances", INSTANCE_LISTS, is_instance_list)
+    args = data.draw(
+        command_line(instances, NODES_OPTION, TABLE_OR_JSON, plot_option(plot_paths), head=(PROFILE_ARGUMENT,))
     )
-)
-def test_compare(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, args: list[Arg]) -> None:
     check(capsys, sagemaker, ["compare"], args)
 
 

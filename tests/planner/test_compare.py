@@ -19,6 +19,7 @@ FITTING_KEYS = [
     "mfu",
     "usd_per_billion_tokens",
     "memory_gib",
+    "training_cost",
     "longest_seq_len_one_node",
     "error_band",
 ]
@@ -38,6 +39,27 @@ def test_a_fitting_row_carries_the_plan_rounded_as_documented() -> None:
         plan.evaluation.estimate.tokens_per_second_per_gpu * instance.gpus_per_node, abs=0.05
     )
     assert document["memory_gib"] == round(plan.evaluation.memory.total, 1)
+    cost = plan.training_cost()
+    assert document["training_cost"] == (cost.as_json() if cost is not None else None)
+
+
+@pytest.mark.parametrize("instance_name", ["ml.p5.48xlarge", "ml.p6-b200.48xlarge", "ml.p5en.48xlarge"])
+def test_plan_and_compare_print_the_same_figures_the_same_way(instance_name: str) -> None:
+    """One value, one formatting: the MFU and speed `btk plan` prints are the ones `btk compare` prints."""
+    from btk.planner.render import format_mfu, format_speed, render_plan
+
+    profile, instance = get_profile("llama3.1-8b"), get_instance_type(instance_name)
+    plan = plan_profile(profile, instance, 1)
+    row = compare_instance(profile, instance, 1)
+    assert row.planned is not None
+    estimate = plan.evaluation.estimate
+    assert format_mfu(row.planned.mfu) == format_mfu(estimate.mfu)
+    plan_text = render_plan(plan)
+    compare_text = render_compare(profile.name, 1, [row])
+    for cell in (f"MFU {format_mfu(estimate.mfu)}", format_speed(estimate.tokens_per_second_per_gpu)):
+        assert cell in plan_text
+    assert f" {format_mfu(estimate.mfu)} " in compare_text
+    assert format_speed(estimate.tokens_per_second_per_gpu) in compare_text
 
 
 def test_a_row_that_does_not_fit_says_why() -> None:

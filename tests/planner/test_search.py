@@ -12,7 +12,7 @@ from btk.catalog import all_profiles, get_profile
 from btk.errors import InfeasiblePlanError
 from btk.hardware import INSTANCE_TYPES, Fact, InstanceType, get_instance_type
 from btk.knobs import TrainingKnobs
-from btk.planner.search import evaluate_knobs, plan_profile, speed_bucket
+from btk.planner.search import SPEED_RESOLUTION, Evaluation, choose_best, evaluate_knobs, plan_profile, rank
 from btk.profile import KnobPins
 
 B200 = get_instance_type("ml.p6-b200.48xlarge")
@@ -154,7 +154,8 @@ def test_more_hbm_never_yields_a_slower_best_plan(name: str, low: float, extra: 
     large_plan = plan_profile(profile, large, 1)  # must not raise: the small one fitted
     small_speed = small_plan.evaluation.estimate.tokens_per_second_per_gpu
     large_speed = large_plan.evaluation.estimate.tokens_per_second_per_gpu
-    assert speed_bucket(large_speed) >= speed_bucket(small_speed)
+    # the best of the larger GPU is tied with a fastest at least as fast as the smaller GPU's best
+    assert large_speed >= small_speed * (1 - SPEED_RESOLUTION)
 
 
 def test_evaluate_reports_overflow_without_raising() -> None:
@@ -176,3 +177,40 @@ def test_hybrid_shard_beats_full_shard_across_nodes_for_small_batches() -> None:
     hybrid = evaluate_knobs(profile, B200, 4, TrainingKnobs(**base, sharding="hybrid_shard"))  # type: ignore[arg-type]
     assert hybrid.estimate.tokens_per_second_per_gpu > full.estimate.tokens_per_second_per_gpu
     assert hybrid.memory.parameters > full.memory.parameters
+
+
+def _with_speed_and_memory(evaluation: Evaluation, speed: float, memory: float) -> Evaluation:
+    estimate = dataclasses.replace(evaluation.estimate, tokens_per_second_per_gpu=speed)
+    return dataclasses.replace(
+        evaluation, estimate=estimate, memory=dataclasses.replace(evaluation.memory, total=memory)
+    )
+
+
+def _constructed(*speed_and_memory: tuple[float, float]) -> list[Evaluation]:
+    base = evaluate_knobs(get_profile("llama3.2-1b"), B200, 1, TrainingKnobs(micro_batch_size=1, seq_len=8192))
+    return [_with_speed_and_memory(base, speed, memory) for speed, memory in speed_and_memory]
+
+
+def test_speeds_within_the_resolution_of_the_fastest_tie_and_less_memory_wins() -> None:
+    # 0.2 % slower and 8 GiB less: tied (the old log-scale buckets split 10,000 and 9,980 apart)
+    fastest, close, slow = _constructed((10_000, 60), (9_980, 52), (9_850, 10))
+    assert choose_best([fastest, close, slow]) is close
+    assert choose_best([close, fastest]) is close
+    # exactly at the edge of the resolution still ties; beyond it does not, however little memory it needs
+    edge = _constructed((10_000 * (1 - SPEED_RESOLUTION), 40))[0]
+    assert choose_best([fastest, edge, slow]) is edge
+
+
+def test_equal_speed_and_memory_keep_the_fixed_candidate_order() -> None:
+    first, second = _constructed((10_000, 50), (10_000, 50))
+    assert choose_best([first, second]) is first and choose_best([second, first]) is second
+    assert rank([first, second], 2) == [first, second]
+
+
+def test_the_plan_is_the_documented_choice_among_its_feasible_candidates() -> None:
+    plan = plan_profile(get_profile("llama3.1-8b"), get_instance_type("ml.p5.48xlarge"), 1)
+    feasible = [candidate for candidate in plan.candidates if candidate.fits]
+    fastest = max(candidate.estimate.tokens_per_second_per_gpu for candidate in feasible)
+    tied = [c for c in feasible if c.estimate.tokens_per_second_per_gpu >= fastest * (1 - SPEED_RESOLUTION)]
+    assert plan.evaluation.memory.total == min(c.memory.total for c in tied)
+    assert plan.evaluation in tied
