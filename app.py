@@ -115,9 +115,12 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     """
     env_config = load_environment(cli_context() if context is None else context)
 
-    from aws_cdk import App
+    from aws_cdk import App, DefaultStackSynthesizer
 
-    app = App(outdir=outdir, analytics_reporting=False)
+    # The environment's own bootstrap (cdk bootstrap --qualifier): its CI role may assume only
+    # that bootstrap's roles, so it cannot deploy through another environment's (docs/ci.md).
+    synthesizer = DefaultStackSynthesizer(qualifier=env_config.bootstrap_qualifier)
+    app = App(outdir=outdir, analytics_reporting=False, default_stack_synthesizer=synthesizer)
 
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag

@@ -24,6 +24,8 @@ DOCUMENTATION_ACCOUNT = "123456789012"
 # Use these with ``fullmatch``: ``re.match`` with ``$`` would accept a trailing newline.
 ENV_NAME = re.compile(r"[a-z][a-z0-9-]{1,20}")
 REGION = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+#: ``cdk bootstrap --qualifier``: what CDK accepts in its resource names.
+BOOTSTRAP_QUALIFIER = re.compile(r"[a-z0-9]{1,10}")
 INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9-]+\.[a-z0-9]+")
 TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/[a-zA-Z0-9-]{1,63}")
 #: Amazon VPC: "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28
@@ -56,6 +58,10 @@ LOG_RETENTION_DAYS = (
 )
 #: Managed spot: how long a job may wait for capacity plus run, as a multiple of its run time.
 SPOT_WAIT_FACTOR = 2
+#: SageMaker Pipelines' retry policies: at most 20 attempts (``RetryPolicy.MaxAttempts``).
+MAX_RETRY_ATTEMPTS = 20
+#: An address SNS can deliver to: one ``@``, a dotted domain, no spaces.
+EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
 def validate_fsx_storage_capacity(gib: int) -> int:
@@ -142,7 +148,8 @@ class DataStageConfig(BaseModel):
         default=None,
         ge=1,
         description="delete checkpoint objects this many days after they are written (None: keep). SageMaker "
-        "uploads checkpoints but never deletes the ones training pruned locally, so S3 grows without it",
+        "uploads checkpoints but never deletes the ones training pruned locally, so S3 grows without it. It "
+        "must outlast the longest execution, retries included (longest_execution_hours)",
     )
 
     @field_validator("fsx_storage_capacity_gib")
@@ -255,6 +262,22 @@ class ReservePlanCapacity(BaseModel):
         return self
 
 
+class JobRetryConfig(BaseModel):
+    """How the pipeline retries a training job that failed for want of capacity or an internal error.
+
+    A retry is a new job of the same pipeline execution: it resumes from that execution's
+    checkpoints. The wait before retry *n* is ``interval_seconds x backoff_rate^(n-1)``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(
+        default=3, ge=0, le=MAX_RETRY_ATTEMPTS, description="retries after the first job (0: never retry)"
+    )
+    interval_seconds: int = Field(default=600, ge=1, description="wait before the first retry")
+    backoff_rate: float = Field(default=2.0, ge=1.0, le=10.0, allow_inf_nan=False, description="growth of the wait")
+
+
 CapacityConfig = Annotated[
     OnDemandCapacity | ExistingPlanCapacity | ReservePlanCapacity,
     Field(discriminator="mode"),
@@ -285,6 +308,41 @@ class EnvironmentConfig(BaseModel):
     log_retention_days: int = 30
     vpc_cidr: str = Field(default="10.80.0.0/16", description="IPv4 network of the VPC, /16 to /20")
     tags: dict[str, str] = Field(default_factory=dict, description="AWS tags on every resource of the stack")
+    bootstrap_qualifier: str = Field(
+        default="",  # filled from the name by _default_qualifier
+        validate_default=True,
+        description="cdk bootstrap --qualifier of this environment's bootstrap roles, bucket and repository; "
+        "default 'btk' + the name without '-', cut to 10 characters (dev: btkdev). Each environment of an "
+        "account and region needs its own, so one environment's CI role cannot deploy another",
+    )
+    job_retries: JobRetryConfig = JobRetryConfig()
+    notification_emails: tuple[str, ...] = Field(
+        default=(), description="addresses subscribed to the failure topic (each confirms by e-mail)"
+    )
+
+    @field_validator("notification_emails")
+    @classmethod
+    def _emails(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for email in value:
+            if not EMAIL.fullmatch(email):
+                raise ValueError(f"{email!r} is not an e-mail address like ml-team@example.com")
+        if len(set(value)) != len(value):
+            raise ValueError("lists an address twice")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_qualifier(cls, data: object) -> object:
+        if isinstance(data, dict) and "bootstrap_qualifier" not in data and isinstance(data.get("name"), str):
+            return {**data, "bootstrap_qualifier": default_bootstrap_qualifier(data["name"])}
+        return data
+
+    @field_validator("bootstrap_qualifier")
+    @classmethod
+    def _qualifier(cls, value: str) -> str:
+        if not BOOTSTRAP_QUALIFIER.fullmatch(value):
+            raise ValueError("must be 1-10 lower-case letters or digits (cdk bootstrap --qualifier), e.g. btkdev")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -351,12 +409,22 @@ class EnvironmentConfig(BaseModel):
         if managed_spot_conflict(self):
             raise FieldError("managed_spot", "managed_spot cannot be combined with a training plan (capacity.mode)")
         expiration = self.data_stage.checkpoint_expiration_days
-        longest_job_hours = self.longest_job_hours
-        if expiration is not None and expiration * HOURS_PER_DAY <= longest_job_hours:
+        longest_execution = longest_execution_hours(self)
+        if expiration is not None and expiration * HOURS_PER_DAY <= longest_execution:
             raise FieldError(
                 "data_stage.checkpoint_expiration_days",
-                f"data_stage.checkpoint_expiration_days ({expiration}) must outlast the longest job "
-                f"({longest_job_hours} h with max_runtime_hours and spot waiting): raise it or lower max_runtime_hours",
+                f"data_stage.checkpoint_expiration_days ({expiration}) must outlast the longest execution "
+                f"({longest_execution:.1f} h: {self.job_retries.max_attempts + 1} jobs of up to "
+                f"{self.longest_job_hours} h with max_runtime_hours and spot waiting, plus the waits between "
+                "retries): raise it or lower "
+                "max_runtime_hours or job_retries.max_attempts",
+            )
+        spot = spot_not_offered(self)
+        if spot is not None:
+            raise FieldError(
+                "managed_spot",
+                f"{self.instance_type} is not shown to be offered for managed spot training "
+                f"({spot}): set managed_spot=False",
             )
         return self
 
@@ -379,6 +447,39 @@ class EnvironmentConfig(BaseModel):
     def stack_name(self) -> str:
         """CloudFormation stack name; includes the environment."""
         return f"TrainingStack-{self.name}"
+
+
+def longest_execution_hours(config: EnvironmentConfig) -> float:
+    """How long one pipeline execution may keep writing and reading its checkpoints, in hours.
+
+    Every job of the execution (the first and each of ``job_retries.max_attempts`` retries)
+    may run, and with managed spot wait, as long as :attr:`EnvironmentConfig.longest_job_hours`;
+    retry *n* first waits ``interval_seconds x backoff_rate^(n-1)``. A retry resumes from
+    checkpoints the first job wrote, so they must outlive all of it.
+    """
+    retries = config.job_retries
+    waits = sum(retries.interval_seconds * retries.backoff_rate**n for n in range(retries.max_attempts))
+    return (retries.max_attempts + 1) * config.longest_job_hours + waits / SECONDS_PER_HOUR
+
+
+def default_bootstrap_qualifier(name: str) -> str:
+    """The bootstrap qualifier of environment ``name`` unless it sets one: ``btk`` + the name, 10 characters at most."""
+    # only the characters a qualifier allows: an invalid name is reported once, by its own field
+    return ("btk" + "".join(ch for ch in name if ch.isascii() and (ch.islower() or ch.isdigit())))[:10]
+
+
+def spot_not_offered(config: EnvironmentConfig) -> str | None:
+    """Why the environment's managed spot is not offered (the catalog's source), or ``None``.
+
+    Instance types outside the catalog are not judged: nothing is known about them.
+    """
+    if not config.managed_spot:
+        return None
+    try:
+        offer = get_instance_type(config.instance_type).managed_spot
+    except UnknownNameError:
+        return None
+    return None if offer.offered else offer.source
 
 
 def managed_spot_conflict(config: EnvironmentConfig) -> bool:

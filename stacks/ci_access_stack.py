@@ -9,9 +9,12 @@ It creates (or imports) the GitHub OIDC identity provider and:
 * per environment, a **deploy role** that only the workflow job bound to the GitHub
   Environment of the same name can assume (``sub`` = ``repo:OWNER/NAME:environment:ENV``,
   ``aud`` = ``sts.amazonaws.com``). Its only permission is ``sts:AssumeRole`` on the four
-  CDK bootstrap roles of that environment's account and region (deploy, file-publishing,
+  CDK bootstrap roles of that environment's own bootstrap (``cdk-<qualifier>-<kind>-role-…``
+  with the environment's ``bootstrap_qualifier``, in its region: deploy, file-publishing,
   image-publishing, lookup): CloudFormation, not CI, holds the power to change resources,
-  and the bootstrap ``--trust`` decides which account may hand it out.
+  and the bootstrap ``--trust`` decides which account may hand it out. Two environments of
+  one account and region must not share a qualifier (refused): the dev role could then
+  deploy prod through the shared bootstrap roles, past prod's required reviewers.
 * one **diff role** for pull requests (``sub`` = ``repo:OWNER/NAME:pull_request``). It may
   assume nothing; it can only read the deployed template of each environment's training
   stack (``cloudformation:DescribeStacks``, ``GetTemplate``, ``ListStackResources``), which
@@ -19,7 +22,8 @@ It creates (or imports) the GitHub OIDC identity provider and:
   to these credentials. Giving it the lookup role instead would grant ``ReadOnlyAccess`` to
   the whole account to any branch that can open a pull request.
 
-The stack holds no secret and no long-lived key.
+The stack holds no secret and no long-lived key. It is deployed through the bootstrap of
+the first environment it serves.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aws_cdk import App, CfnOutput, Duration, Environment, Stack
+from aws_cdk import App, CfnOutput, DefaultStackSynthesizer, Duration, Environment, Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
@@ -43,15 +47,12 @@ GITHUB_OIDC_URL = f"https://{GITHUB_OIDC_HOST}"
 STS_AUDIENCE = "sts.amazonaws.com"
 #: Placeholder repository; set the real one with ``-c github_repo=OWNER/NAME``.
 DEFAULT_GITHUB_REPO = "example-org/blackwell-training-kit"
-#: The CDK bootstrap qualifier (``cdk bootstrap --qualifier``); CDK's default.
-DEFAULT_BOOTSTRAP_QUALIFIER = "hnb659fds"
 #: The four roles ``cdk bootstrap`` creates, as ``cdk-<qualifier>-<kind>-role-<account>-<region>``.
 BOOTSTRAP_ROLE_KINDS = ("deploy", "file-publishing", "image-publishing", "lookup")
 #: What ``cdk diff --method template`` calls with fallback credentials.
 DIFF_ACTIONS = ("cloudformation:DescribeStacks", "cloudformation:GetTemplate", "cloudformation:ListStackResources")
 
 _REPO = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
-_QUALIFIER = re.compile(r"^[a-z0-9]{1,10}$")
 _ROLE_PREFIX = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,30}$")
 _PROVIDER_ARN = re.compile(
     r"^arn:aws[a-z-]*:iam::\d{12}:oidc-provider/" + re.escape(GITHUB_OIDC_HOST) + r"$"
@@ -62,12 +63,12 @@ _PROVIDER_ARN = re.compile(
 class CiAccessProps:
     """What CiAccessStack creates.
 
-    environments: the environments CI deploys from this account (at least one).
+    environments: the environments CI deploys from this account (at least one); no two of
+        one region may share a ``bootstrap_qualifier``.
     github_repo: ``OWNER/NAME`` of the repository whose workflows may assume the roles;
         default the placeholder :data:`DEFAULT_GITHUB_REPO`.
     existing_provider_arn: ARN of a GitHub OIDC provider already in the account (an
         account holds one per URL); default ``None`` creates it.
-    bootstrap_qualifier: ``cdk bootstrap --qualifier``; default ``hnb659fds``.
     diff_role: create the read-only pull-request diff role; default ``True``.
     role_name_prefix: deploy roles are ``<prefix>-deploy-<env>``, the diff role
         ``<prefix>-diff``; default ``btk-github``. Fixed names keep the ARNs you paste
@@ -80,7 +81,6 @@ class CiAccessProps:
     environments: Sequence[EnvironmentConfig]
     github_repo: str = DEFAULT_GITHUB_REPO
     existing_provider_arn: str | None = None
-    bootstrap_qualifier: str = DEFAULT_BOOTSTRAP_QUALIFIER
     diff_role: bool = True
     role_name_prefix: str = "btk-github"
     max_session: Duration = field(default_factory=lambda: Duration.hours(2))
@@ -100,16 +100,29 @@ class CiAccessProps:
                 f"existing_provider_arn {self.existing_provider_arn!r} is not a GitHub OIDC provider ARN: "
                 f"use arn:aws:iam::ACCOUNT:oidc-provider/{GITHUB_OIDC_HOST}"
             )
-        if not _QUALIFIER.fullmatch(self.bootstrap_qualifier):
-            raise BtkError(
-                f"bootstrap_qualifier {self.bootstrap_qualifier!r} is not a cdk bootstrap qualifier: "
-                "use 1-10 lower-case letters or digits (default hnb659fds)"
-            )
+        shared = shared_bootstrap(self.environments)
+        if shared is not None:
+            raise BtkError(shared)
         if not _ROLE_PREFIX.fullmatch(self.role_name_prefix):
             raise BtkError(
                 f"role_name_prefix {self.role_name_prefix!r} is not usable in a role name: "
                 "use up to 30 letters, digits or +=,.@_-"
             )
+
+
+def shared_bootstrap(environments: Sequence[EnvironmentConfig]) -> str | None:
+    """Why two of ``environments`` (all in one account) would share bootstrap roles, or ``None``."""
+    seen: dict[tuple[str, str], str] = {}
+    for env in environments:
+        key = (env.region, env.bootstrap_qualifier)
+        if key in seen:
+            return (
+                f"environments {seen[key]!r} and {env.name!r} share bootstrap_qualifier {env.bootstrap_qualifier!r} "
+                f"in {env.region}: either CI role could deploy both; give each its own bootstrap_qualifier "
+                "in environments.py and run cdk bootstrap --qualifier for it (docs/ci.md)"
+            )
+        seen[key] = env.name
+    return None
 
 
 def environment_subject(github_repo: str, environment: str) -> str:
@@ -141,6 +154,7 @@ class CiAccessStack(Stack):
             scope,
             construct_id,
             env=env,
+            synthesizer=DefaultStackSynthesizer(qualifier=props.environments[0].bootstrap_qualifier),
             description="Blackwell Training Kit: GitHub Actions OIDC roles for deploying each environment",
             analytics_reporting=False,
         )
@@ -168,7 +182,7 @@ class CiAccessStack(Stack):
                 iam.PolicyStatement(
                     sid="AssumeCdkBootstrapRoles",
                     actions=["sts:AssumeRole"],
-                    resources=self.bootstrap_role_arns(env_config.region),
+                    resources=self.bootstrap_role_arns(env_config),
                 )
             )
             self.deploy_roles[env_config.name] = role
@@ -205,10 +219,10 @@ class CiAccessStack(Stack):
                 description=f"Set as repository variable(s) {names}",
             )
 
-    def bootstrap_role_arns(self, region: str) -> list[str]:
-        """The CDK bootstrap roles of this stack's account in ``region``."""
+    def bootstrap_role_arns(self, env_config: EnvironmentConfig) -> list[str]:
+        """The CDK bootstrap roles of ``env_config``'s own bootstrap (its qualifier and region) in this account."""
         stack = Stack.of(self)
-        qualifier = self.props.bootstrap_qualifier
+        qualifier, region = env_config.bootstrap_qualifier, env_config.region
         return [
             f"arn:{stack.partition}:iam::{stack.account}:role/cdk-{qualifier}-{kind}-role-{stack.account}-{region}"
             for kind in BOOTSTRAP_ROLE_KINDS

@@ -13,7 +13,7 @@ from constructs import Construct
 from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
 from btk.planner.search import plan_environment
-from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps
+from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps, datasets_bucket_name
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
 from training_constructs.observability import TrainingObservability, TrainingObservabilityProps
@@ -48,7 +48,12 @@ class TrainingStack(Stack):
         removal_policy = data_removal_policy(env_config.retain_data)
         log_retention = RETENTION_DAYS[env_config.log_retention_days]
 
-        self.key = DataKey(self, "DataKey", props=DataKeyProps(removal_policy=removal_policy))
+        # In fsx mode the datasets bucket gets a name known before it exists, so that the key can
+        # let FSx's S3 role use it for that bucket alone.
+        datasets_bucket = datasets_bucket_name(env_config.name, self) if env_config.data_stage.mode == "fsx" else None
+        self.key = DataKey(
+            self, "DataKey", props=DataKeyProps(removal_policy=removal_policy, fsx_datasets_bucket=datasets_bucket)
+        )
         self.network = TrainingNetwork(
             self,
             "Network",
@@ -70,6 +75,7 @@ class TrainingStack(Stack):
                 subnet=self.network.training_subnet,
                 security_group=self.network.security_group,
                 retain_data=env_config.retain_data,
+                datasets_bucket_name=datasets_bucket,
             ),
         )
         self.image = TrainingImage(self, "TrainingImage")
@@ -128,6 +134,7 @@ class TrainingStack(Stack):
                 pipeline_names=self.pipelines.pipeline_names,
                 job_name_prefixes={name: p.job_name_prefix for name, p in self.pipelines.pipelines.items()},
                 key=self.key,
+                notification_emails=env_config.notification_emails,
             ),
         )
 
@@ -147,6 +154,10 @@ class TrainingStack(Stack):
             "ExecutionRoleArn": (self.execution_role.role.role_arn, "SageMaker training execution role"),
             "TrainingSubnetId": (self.network.training_subnet.subnet_id, "subnet of the training jobs"),
             "TrainingSecurityGroupId": (self.network.security_group.security_group_id, "EFA/Lustre security group"),
+            "FailureTopicArn": (
+                self.observability.topic.topic_arn,
+                "SNS topic of failed pipeline executions and training jobs (subscribe to be told)",
+            ),
         }
         if self.training_plan.plan_arn is not None:
             outputs["TrainingPlanArn"] = (self.training_plan.plan_arn, "default training plan of every pipeline")

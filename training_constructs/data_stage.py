@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
@@ -62,15 +62,35 @@ def account_log_groups_condition(stack: Stack) -> dict[str, Any]:
     return {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": log_groups}}
 
 
+#: Longest S3 bucket name.
+BUCKET_NAME_MAX = 63
+
+
+def datasets_bucket_name(environment: str, stack: Stack) -> str:
+    """``btk-<env>-datasets-<account>-<region>``: a name known before the bucket exists.
+
+    The key's FSx statement names the bucket, and the bucket is encrypted with the key: with a
+    CloudFormation-generated name the two would depend on each other.
+    """
+    name = f"btk-{environment}-datasets-{stack.account}-{stack.region}"
+    if not Token.is_unresolved(name) and len(name) > BUCKET_NAME_MAX:
+        raise ValueError(f"datasets bucket name {name} is over {BUCKET_NAME_MAX} characters: shorten the environment")
+    return name
+
+
 @dataclass(frozen=True)
 class DataKeyProps:
     """Props of :class:`DataKey`.
 
     :param removal_policy: what stack deletion does to the key; RETAIN also lengthens the
         deletion window from 7 to 30 days. Default: DESTROY.
+    :param fsx_datasets_bucket: name of the bucket an FSx for Lustre file system links to; the
+        key then lets FSx's S3 role use it for that bucket's objects only. Default: None (no
+        file system, no FSx statement).
     """
 
     removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    fsx_datasets_bucket: str | None = None
 
 
 class DataKey(kms.Key):
@@ -91,7 +111,8 @@ class DataKey(kms.Key):
             pending_window=Duration.days(30 if props.removal_policy == RemovalPolicy.RETAIN else 7),
         )
         self._allow_cloudwatch_logs(stack)
-        self._allow_fsx_data_repository(stack)
+        if props.fsx_datasets_bucket is not None:
+            self._allow_fsx_data_repository(stack, props.fsx_datasets_bucket)
 
     def _allow_cloudwatch_logs(self, stack: Stack) -> None:
         self.add_to_resource_policy(
@@ -105,13 +126,16 @@ class DataKey(kms.Key):
             )
         )
 
-    def _allow_fsx_data_repository(self, stack: Stack) -> None:
+    def _allow_fsx_data_repository(self, stack: Stack, bucket_name: str) -> None:
         # FSx reads and writes SSE-KMS objects through a per-file-system service-linked role; its
         # name carries the file-system id, unknown before creation, hence the ArnLike pattern. The
         # key policy must name that role itself: the account root would only delegate to IAM, and
         # the service-linked role's own policy grants no KMS. Any principal, narrowed by the role's
         # ARN, this account as caller and S3 as the only path, is AWS's documented pattern for a
-        # principal whose ARN is not known yet.
+        # principal whose ARN is not known yet. S3 names the object (or, with an S3 Bucket Key,
+        # the bucket) in the encryption context, so the statement holds for the datasets bucket
+        # only, as the FSx for Lustre guide shows for SSE-KMS buckets.
+        bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
         self.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AllowFsxDataRepositoryThroughS3",
@@ -127,6 +151,7 @@ class DataKey(kms.Key):
                         "kms:ViaService": f"s3.{stack.region}.amazonaws.com",
                         "kms:CallerAccount": stack.account,
                     },
+                    "StringLike": {"kms:EncryptionContext:aws:s3:arn": [bucket_arn, f"{bucket_arn}/*"]},
                 },
             )
         )
@@ -203,6 +228,8 @@ class DataStageProps:
     :param security_group: the EFA/Lustre security group shared with the training jobs.
     :param retain_data: RETAIN buckets and the file system on stack deletion (prod); otherwise
         DESTROY (a bucket that still holds objects then fails to delete: empty it first).
+    :param datasets_bucket_name: name of the datasets bucket (``fsx`` mode: the one the key's
+        FSx statement names, :func:`datasets_bucket_name`). Default: None (CloudFormation names it).
     """
 
     config: DataStageConfig
@@ -211,6 +238,7 @@ class DataStageProps:
     subnet: ec2.ISubnet
     security_group: ec2.ISecurityGroup
     retain_data: bool = False
+    datasets_bucket_name: str | None = None
 
 
 class DataStage(Construct):
@@ -253,10 +281,12 @@ class DataStage(Construct):
             "checkov",
             {"skip": [{"id": "CKV_AWS_18", "comment": "server-access-log target bucket; cannot log to itself"}]},
         )
-        self.datasets_bucket = self._bucket("Datasets", "datasets/")
+        self.datasets_bucket = self._bucket("Datasets", "datasets/", bucket_name=props.datasets_bucket_name)
         self.checkpoints_bucket = self._bucket("Checkpoints", "checkpoints/")
         if config.checkpoint_expiration_days is not None:
-            # SageMaker's checkpoint sync never deletes what training pruned locally.
+            # SageMaker's checkpoint sync never deletes what training pruned locally. The environment
+            # refuses an expiry shorter than its longest execution, retries included
+            # (btk.environment.longest_execution_hours): a retry resumes from the first job's checkpoints.
             self.checkpoints_bucket.add_lifecycle_rule(
                 id="expire-checkpoints", expiration=Duration.days(config.checkpoint_expiration_days)
             )
@@ -281,10 +311,11 @@ class DataStage(Construct):
         """Whether datasets are served from FSx for Lustre (``fsx`` mode)."""
         return self.file_system is not None
 
-    def _bucket(self, construct_id: str, log_prefix: str) -> s3.Bucket:
+    def _bucket(self, construct_id: str, log_prefix: str, bucket_name: str | None = None) -> s3.Bucket:
         return s3.Bucket(
             self,
             construct_id,
+            bucket_name=bucket_name,
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
             bucket_key_enabled=True,

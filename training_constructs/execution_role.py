@@ -88,12 +88,25 @@ class TrainingExecutionRole(Construct):
             for name in SAGEMAKER_LOG_GROUPS
         ]
 
+    def _log_groups(self, stack: Stack) -> list[str]:
+        """The groups themselves: ``logs:CreateLogGroup`` is authorized on the group ARN without ``:*``."""
+        return [
+            stack.format_arn(
+                service="logs", resource="log-group", resource_name=name, arn_format=ArnFormat.COLON_RESOURCE_NAME
+            )
+            for name in SAGEMAKER_LOG_GROUPS
+        ]
+
     def _logs_and_metrics(self, stack: Stack) -> None:
+        # SageMaker creates its log groups on an account's first job, as this role.
+        self.role.add_to_policy(
+            iam.PolicyStatement(sid="CreateJobLogGroups", actions=["logs:CreateLogGroup"],
+                                resources=self._log_groups(stack))
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="JobLogs",
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
-                         "logs:DescribeLogStreams"],
+                actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
                 resources=self._log_group_arns(stack),
             )
         )

@@ -20,13 +20,14 @@ from constructs import Construct
 from btk.environment import TRAINING_SUBNET_PREFIX
 from training_constructs.nag import acknowledge
 
-#: Interface endpoints a training job in an isolated subnet needs, by construct id.
+#: Interface endpoints a training job in an isolated subnet needs, by construct id. None for
+#: the SageMaker API or STS: nothing inside the VPC calls them (SageMaker Pipelines and the
+#: report tool call SageMaker from outside, and the trainer makes no AWS API call), and each
+#: interface endpoint is billed by the hour.
 INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "EcrApi": ec2.InterfaceVpcEndpointAwsService.ECR,
     "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
     "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
-    "SageMakerApi": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API,
     "Monitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
 }
 

@@ -6,10 +6,12 @@
   expression, since pipeline jobs get a run-time suffix), and the pipelines' execution
   outcomes (``AWS/Sagemaker/ModelBuildingPipeline`` ``ExecutionSucceeded``/``ExecutionFailed``
   by ``PipelineName``), plus a Logs Insights table of the latest metric lines.
-* EventBridge rules for failed executions of this environment's pipelines and failed
-  training jobs with this environment's job-name prefix. Both notify an SNS topic (SSL
-  only, KMS encrypted with a dedicated key whose policy lets EventBridge use it) and are
-  recorded in a KMS-encrypted log group with the environment's retention.
+* An EventBridge rule for failed executions of this environment's pipelines: an execution
+  fails once a job fails for a reason the pipeline does not retry, or its last retry fails,
+  so a retried attempt never alerts (see the comment at the rule for why there is no
+  job-level rule). It notifies an SNS topic (SSL only, KMS encrypted with a dedicated key
+  whose policy lets EventBridge use it) and is recorded in a KMS-encrypted log group with
+  the environment's retention.
 
 Targets are bound directly (no CDK custom resource): the topic policy and the log group's
 resource policy allow ``events.amazonaws.com`` for exactly these rules.
@@ -52,7 +54,6 @@ from training_constructs.sagemaker_service import (
 )
 
 PIPELINE_FAILED_DETAIL_TYPE = "SageMaker Model Building Pipeline Execution Status Change"
-TRAINING_JOB_DETAIL_TYPE = "SageMaker Training Job State Change"
 #: Metrics drawn per profile, one graph each.
 DASHBOARD_METRICS = (
     "loss", "tokens_per_second_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib", "allreduce_busbw_gbps",
@@ -68,7 +69,8 @@ class TrainingObservabilityProps:
         statements letting EventBridge and CloudWatch Logs use it are added to its policy.
         Default: a dedicated key with rotation.
     :param pipeline_names: the environment's pipeline names (``btk-<env>-<profile>``).
-    :param job_name_prefixes: job-name prefix by profile name (``TrainingPipeline.job_name_prefix``).
+    :param job_name_prefixes: job-name prefix by profile name (``TrainingPipeline.job_name_prefix``), for
+        the dashboard's per-profile metric graphs.
     :param notification_emails: e-mail addresses subscribed to the topic. Default: none.
     :param manage_sagemaker_log_groups: create SageMaker's account-wide job log groups with
         this environment's retention and key. Default: False (they belong to the account).
@@ -99,7 +101,7 @@ class TrainingObservability(Construct):
     """Dashboard, failure rules, SNS topic and event log group of one environment.
 
     Attributes: ``key``, ``topic``, ``event_log_group``, ``pipeline_failed_rule``,
-    ``training_job_failed_rule``, ``dashboard``, ``sagemaker_log_groups``.
+    ``dashboard``, ``sagemaker_log_groups``.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingObservabilityProps) -> None:
@@ -161,21 +163,14 @@ class TrainingObservability(Construct):
                 detail={"currentPipelineExecutionStatus": ["Failed"], "pipelineArn": self.pipeline_arns},
             ),
         )
-        prefixes = sorted(set(props.job_name_prefixes.values()))
-        self.training_job_failed_rule = events.Rule(
-            self,
-            "TrainingJobFailed",
-            description=f"A {env.name} training job failed",
-            event_pattern=events.EventPattern(
-                source=["aws.sagemaker"],
-                detail_type=[TRAINING_JOB_DETAIL_TYPE],
-                detail={
-                    "TrainingJobStatus": ["Failed"],
-                    "TrainingJobName": [{"prefix": prefix} for prefix in prefixes],
-                },
-            ),
-        )
-        rules = [self.pipeline_failed_rule, self.training_job_failed_rule]
+        # No rule on "SageMaker Training Job State Change": every job of the environment is a
+        # step of its pipelines, and a job that fails is either retried (capacity or internal
+        # error: not news until the last attempt fails) or fails its step and so the execution,
+        # which the rule above reports once. A job rule cannot tell the two apart: the event
+        # carries no attempt number, and one pattern cannot exclude both retried FailureReason
+        # classes (EventBridge's anything-but takes a single prefix). It would alert twice for a
+        # final failure and once per retried attempt. `btk report` lists every attempt's cause.
+        rules = [self.pipeline_failed_rule]
         # A log-group target is the group's ARN without the ":*" that LogGroup.log_group_arn
         # carries (aws-events-targets' CloudWatchLogGroup builds it the same way); with it the
         # rule deploys but EventBridge delivers nothing.

@@ -4,8 +4,8 @@ The definition comes from :mod:`training_constructs.pipeline_definition` (the Sa
 Python SDK v3, offline). Resource attributes (role, key, buckets, subnets, file system) go in
 as CDK token strings and come out of the JSON as ``Fn::Join`` parts, so the definition body is
 resolved by CloudFormation. The pipelines of one environment share a pipeline role that may
-create, describe and stop only this environment's jobs (by job-name prefix), tag them, and
-pass only the execution role to SageMaker.
+create, tag and stop only jobs tagged for this environment, describe the jobs its pipelines
+name, and pass only the execution role to SageMaker.
 
 :class:`TrainingPipelines` makes one :class:`TrainingPipeline` per profile of the
 environment, with the knobs the caller planned for it: adding a profile to an environment
@@ -27,7 +27,7 @@ from constructs import Construct
 
 from btk.environment import EnvironmentConfig
 from btk.knobs import TrainingKnobs
-from btk.naming import environment_prefix, job_name_prefix, pipeline_name
+from btk.naming import TAG_ENVIRONMENT, environment_prefix, job_name_prefix, pipeline_name
 from btk.profile import ModelProfile
 from training_constructs.data_stage import DatasetsLocation
 from training_constructs.locations import FileSystemLocation
@@ -40,6 +40,8 @@ from training_constructs.pipeline_definition import (
 )
 from training_constructs.sagemaker_service import sagemaker_principal
 
+#: How SageMaker Pipelines names a job whose step carries no job name of its own.
+PIPELINES_JOB_NAME_PREFIX = "pipelines-"
 #: Default instance of the data-preparation (tokenize) processing job.
 DEFAULT_PREPARATION_INSTANCE = "ml.c5.9xlarge"
 
@@ -103,9 +105,10 @@ class PipelineRoleProps:
 class PipelineRole(Construct):
     """The role SageMaker Pipelines assumes to run one environment's pipelines.
 
-    It may create, describe and stop training (and, with data preparation, processing) jobs
-    whose names start with ``btk-<env>-``, add tags to them, pass the execution role to
-    SageMaker, and create grants on the key for job volumes. Nothing else.
+    It may create, tag and stop training (and, with data preparation, processing) jobs named
+    ``btk-<env>-*`` or ``pipelines-*`` that carry the ``btk:environment=<env>`` tag, describe
+    jobs with those names, run jobs on any training plan of the account, pass the execution
+    role to SageMaker, and create grants on the key for job volumes. Nothing else.
 
     Attributes: ``role``, ``role_arn``, ``job_arns``, ``plan_arns``.
     """
@@ -122,24 +125,61 @@ class PipelineRole(Construct):
             description=f"SageMaker Pipelines role of {environment.name} training pipelines",
         )
         job_kinds = ["training-job", *(["processing-job"] if data_preparation else [])]
+        # SageMaker Pipelines names a job from the step's TrainingJobName/ProcessingJobName when
+        # the definition carries one (btk-<env>-...), else pipelines-<execution>-<step>-<suffix>.
+        # Both patterns are granted, and creating, tagging and stopping additionally need the
+        # btk:environment tag every job of this environment carries, so neither pattern reaches
+        # another environment's or team's jobs.
         self.job_arns = [
-            stack.format_arn(service="sagemaker", resource=kind, resource_name=f"{prefix}*") for kind in job_kinds
+            stack.format_arn(service="sagemaker", resource=kind, resource_name=f"{name_prefix}*")
+            for kind in job_kinds
+            for name_prefix in (prefix, PIPELINES_JOB_NAME_PREFIX)
         ]
-        actions = ["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"]
-        if data_preparation:
-            actions += ["sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob",
-                        "sagemaker:StopProcessingJob"]
-        self.role.add_to_policy(iam.PolicyStatement(sid="RunJobs", actions=actions, resources=self.job_arns))
+        environment_tag = {f"aws:RequestTag/{TAG_ENVIRONMENT}": environment.name}
+        creates = ["sagemaker:CreateTrainingJob", *(["sagemaker:CreateProcessingJob"] if data_preparation else [])]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="CreateJobsTaggedForThisEnvironment",
+                actions=creates,
+                resources=self.job_arns,
+                conditions={"StringEquals": environment_tag},
+            )
+        )
+        describes = ["sagemaker:DescribeTrainingJob",
+                     *(["sagemaker:DescribeProcessingJob"] if data_preparation else [])]
+        # Read-only and without a tag condition: the pipeline polls every job it started, and a
+        # condition the poll did not meet would fail every execution.
+        self.role.add_to_policy(iam.PolicyStatement(sid="DescribeJobs", actions=describes, resources=self.job_arns))
+        stops = ["sagemaker:StopTrainingJob", *(["sagemaker:StopProcessingJob"] if data_preparation else [])]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="StopThisEnvironmentsJobs",
+                actions=stops,
+                resources=self.job_arns,
+                conditions={"StringEquals": {f"aws:ResourceTag/{TAG_ENVIRONMENT}": environment.name}},
+            )
+        )
         # "Plan user" permissions: a job started with a TrainingPlanArn uses that plan's
-        # reserved capacity. The plan is a run-time pipeline parameter, so any plan of this
-        # account and region may be named; using a plan buys nothing (CreateTrainingPlan is
-        # not granted here).
-        self.plan_arns = [stack.format_arn(service="sagemaker", resource="training-plan", resource_name="*")]
+        # reserved capacity, and CreateTrainingJob is authorized on the plan and on its
+        # reserved-capacity resource too. The plan is a run-time pipeline parameter, so any plan
+        # of this account and region may be named; using a plan buys nothing (CreateTrainingPlan
+        # is not granted here).
+        self.plan_arns = [
+            stack.format_arn(service="sagemaker", resource=kind, resource_name="*")
+            for kind in ("training-plan", "reserved-capacity")
+        ]
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="UseTrainingPlans",
-                actions=["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingPlan"],
+                actions=["sagemaker:CreateTrainingJob"],
                 resources=self.plan_arns,
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DescribeTrainingPlans",
+                actions=["sagemaker:DescribeTrainingPlan"],
+                resources=self.plan_arns[:1],
             )
         )
         self.role.add_to_policy(
@@ -147,7 +187,12 @@ class PipelineRole(Construct):
                 sid="TagJobsAtCreation",
                 actions=["sagemaker:AddTags"],
                 resources=self.job_arns,
-                conditions={"StringEquals": {"sagemaker:TaggingAction": ["CreateTrainingJob", "CreateProcessingJob"]}},
+                conditions={
+                    "StringEquals": {
+                        "sagemaker:TaggingAction": ["CreateTrainingJob", "CreateProcessingJob"],
+                        **environment_tag,
+                    }
+                },
             )
         )
         self.role.add_to_policy(
@@ -161,24 +206,30 @@ class PipelineRole(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="VolumeKeyGrants",
-                actions=["kms:CreateGrant", "kms:DescribeKey"],
+                actions=["kms:CreateGrant"],
                 resources=[props.key.key_arn],
                 conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
             )
+        )
+        # DescribeKey is no grant operation, so kms:GrantIsForAWSResource is never present on it:
+        # under that condition it would never be allowed.
+        self.role.add_to_policy(
+            iam.PolicyStatement(sid="DescribeVolumeKey", actions=["kms:DescribeKey"], resources=[props.key.key_arn])
         )
         policy = self.role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resources(
             policy,
             self.job_arns,
-            f"SageMaker Pipelines names each job at run time ({prefix}<profile>-<suffix>); create/describe/"
-            "stop/tag are limited to this environment's job-name prefix",
+            f"SageMaker Pipelines names each job at run time ({prefix}<profile>-<suffix>, or "
+            f"{PIPELINES_JOB_NAME_PREFIX}<execution>-<step>-<suffix>); create, tag and stop also require the "
+            f"{TAG_ENVIRONMENT}={environment.name} tag, describe is read-only",
         )
         acknowledge_wildcard_resources(
             policy,
             self.plan_arns,
             "TrainingPlanArn is chosen when a pipeline execution starts, so a job may run on any training plan of "
-            "this account and region; CreateTrainingJob/DescribeTrainingPlan on a plan use its capacity, they "
-            "cannot buy or change one",
+            "this account and region and its reserved capacity; CreateTrainingJob/DescribeTrainingPlan on a plan "
+            "use its capacity, they cannot buy or change one",
         )
 
     @property

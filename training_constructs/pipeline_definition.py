@@ -37,10 +37,12 @@ Where the SDK cannot say a field, the compiled definition is post-processed, and
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +102,13 @@ NCCL_ENVIRONMENT: dict[str, str] = {
 }
 
 _TOKEN = "${Token["
+
+#: Job failures the pipeline retries. Not ``SageMaker.RESOURCE_LIMIT``: an account quota does not
+#: rise by waiting, so a retry would only cost time.
+RETRIED_JOB_FAILURES = ("SageMaker.CAPACITY_ERROR", "SageMaker.JOB_INTERNAL_ERROR")
+#: Step failures the pipeline retries: CreateTrainingJob throttled or failing inside the service.
+RETRIED_STEP_FAILURES = ("Step.SERVICE_FAULT", "Step.THROTTLING")
+
 
 
 @dataclass(frozen=True)
@@ -230,8 +239,9 @@ def build_pipeline_definition(spec: PipelineSpec) -> str:
     """The pipeline definition JSON (canonical: sorted keys, compact) for ``spec``."""
     validate_spec(spec)
     _offline_sdk_environment(spec.environment.region)
-    builder = _Builder(spec)
-    return builder.definition()
+    with _sdk_config_validated_once():
+        builder = _Builder(spec)
+        return builder.definition()
 
 
 # -- implementation -------------------------------------------------------------------------
@@ -264,34 +274,71 @@ _SDK_CONFIG: dict[str, Any] = {
 }
 
 
+@functools.cache
+def _offline_session(region: str) -> Any:
+    """The offline ``PipelineSession`` of ``region``, one per process.
+
+    Creating one builds five boto clients and an S3 resource (about 0.3 s); the pipelines
+    are built one after another and each job function resets the session's only per-step
+    state (``context``), so every pipeline of a region can share it.
+    """
+    import warnings
+
+    import boto3
+    from sagemaker.core.workflow.pipeline_context import PipelineSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return PipelineSession(
+            # Inert placeholder credentials: creating the SDK's clients must not walk the
+            # credential chain (instance metadata, SSO, ...), and no request is ever sent.
+            boto_session=boto3.Session(
+                region_name=region,
+                aws_access_key_id=_OFFLINE_CREDENTIAL,
+                aws_secret_access_key=_OFFLINE_CREDENTIAL,
+            ),
+            # Never used (every location is explicit); set so nothing asks STS for it.
+            default_bucket="btk-unused-default-bucket",
+            # Validated against the SDK's schema here, once (see _sdk_config_validated_once).
+            sagemaker_config=_SDK_CONFIG,
+        )
+
+
+@contextmanager
+def _sdk_config_validated_once() -> Iterator[None]:
+    """Skip the SDK's re-validation of :data:`_SDK_CONFIG` on each of its config lookups.
+
+    The SDK checks its defaults config against its JSON schema (meta-schema included) on
+    every lookup, about 16 per pipeline and 0.1 s each, although the config never changes:
+    the session validated this very dict when it was created. Any other config is still
+    validated; the SDK's own validator is back in place on exit.
+    """
+    from sagemaker.core.config.config_manager import SageMakerConfig
+
+    original = SageMakerConfig.__dict__["validate_sagemaker_config"]
+
+    def validate(sagemaker_config: dict[str, Any] | None = None) -> None:
+        if sagemaker_config is not _SDK_CONFIG:
+            original.__func__(sagemaker_config)
+
+    SageMakerConfig.validate_sagemaker_config = staticmethod(validate)
+    try:
+        yield
+    finally:
+        SageMakerConfig.validate_sagemaker_config = original
+
+
 class _Builder:
     """Builds the SDK objects of one pipeline and compiles them."""
 
     def __init__(self, spec: PipelineSpec) -> None:
-        import warnings
-
-        import boto3
         from sagemaker.core.workflow.parameters import ParameterInteger, ParameterString
-        from sagemaker.core.workflow.pipeline_context import PipelineSession
 
         self.spec = spec
         env = spec.environment
         self.pipeline_name = pipeline_name(env.name, spec.profile.name)
         self.job_prefix = job_name_prefix(env.name, spec.profile.name)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.session = PipelineSession(
-                # Inert placeholder credentials: creating the SDK's clients must not walk the
-                # credential chain (instance metadata, SSO, ...), and no request is ever sent.
-                boto_session=boto3.Session(
-                    region_name=env.region,
-                    aws_access_key_id=_OFFLINE_CREDENTIAL,
-                    aws_secret_access_key=_OFFLINE_CREDENTIAL,
-                ),
-                # Never used (every location is explicit); set so nothing asks STS for it.
-                default_bucket="btk-unused-default-bucket",
-                sagemaker_config=_SDK_CONFIG,
-            )
+        self.session = _offline_session(env.region)
         self.instance_count = ParameterInteger(name=PARAM_INSTANCE_COUNT, default_value=env.instance_count)
         self.training_plan_arn = ParameterString(name=PARAM_TRAINING_PLAN_ARN, default_value=spec.training_plan_arn)
         self.max_runtime = ParameterInteger(name=PARAM_MAX_RUNTIME_SECONDS, default_value=env.max_runtime_seconds)
@@ -379,8 +426,9 @@ class _Builder:
             "enable_managed_spot_training": spot,
         }
         if instance_supports_kms(env.instance_type):
-            # Instances with local NVMe (P5, P6-B200, ...) have no EBS volume: SageMaker rejects
-            # VolumeSizeInGB/VolumeKmsKeyId there; their NVMe is encrypted by the hardware.
+            # Instances with local NVMe (P5, P6-B200, ...) get no EBS volume: SageMaker rejects a
+            # VolumeKmsKeyId there (the NVMe is encrypted by the hardware) and ignores the size, so
+            # the definition carries only the SDK's default VolumeSizeInGB (30) for them.
             compute["volume_size_in_gb"] = spec.volume_size_gb
             compute["volume_kms_key_id"] = spec.kms_key_arn
         if on_plan:
@@ -439,7 +487,37 @@ class _Builder:
         ).with_metric_definitions(
             [MetricDefinition(name=item["Name"], regex=item["Regex"]) for item in METRIC_DEFINITIONS]
         )
-        return TrainingStep(name=name, step_args=trainer.train(input_data_config=[channel]))
+        return TrainingStep(
+            name=name, step_args=trainer.train(input_data_config=[channel]), retry_policies=self._retry_policies()
+        )
+
+    def _retry_policies(self) -> list[Any] | None:
+        """Retry a job that failed for want of capacity or inside SageMaker (the environment's ``job_retries``).
+
+        The retried job is a new job of the same execution, so it resumes from the execution's
+        checkpoint prefix. ``None`` when the environment asks for no retries.
+        """
+        from sagemaker.mlops.workflow.retry import (
+            SageMakerJobExceptionTypeEnum,
+            SageMakerJobStepRetryPolicy,
+            StepExceptionTypeEnum,
+            StepRetryPolicy,
+        )
+
+        retries = self.spec.environment.job_retries
+        if retries.max_attempts == 0:
+            return None
+        timing = {
+            "interval_seconds": retries.interval_seconds,
+            "backoff_rate": retries.backoff_rate,
+            "max_attempts": retries.max_attempts,
+        }
+        return [
+            SageMakerJobStepRetryPolicy(
+                exception_types=_members(SageMakerJobExceptionTypeEnum, RETRIED_JOB_FAILURES), **timing
+            ),
+            StepRetryPolicy(exception_types=_members(StepExceptionTypeEnum, RETRIED_STEP_FAILURES), **timing),
+        ]
 
     def _tokenize_step(self, prep: DataPreparation) -> Any:
         from sagemaker.core.network import NetworkConfig
@@ -497,6 +575,13 @@ class _Builder:
             ],
         )
         return ProcessingStep(name=STEP_TOKENIZE, step_args=step_args)
+
+
+def _members(enum: Any, values: Sequence[str]) -> list[Any]:
+    """The members of one of the SDK's exception-type enums with these values (its metaclass maps
+    ``enum(value)`` to a default member, so look them up by value)."""
+    by_value = {member.value: member for member in enum}
+    return [by_value[value] for value in values]
 
 
 def _tokenize_job_name(job_prefix: str) -> str:

@@ -2,6 +2,12 @@
 
 Definitions (also in ``docs/report.md``):
 
+* **run** (experiment): one pipeline execution, or a job outside one. The pipeline retries a
+  job that failed for want of capacity or inside SageMaker as a new job of the same
+  execution (:mod:`btk.report.executions` finds them); the run takes its outcome, failure
+  cause, metrics and prediction from the last job, and its cost, GPU-hours, billable time and
+  capacity wait from all of them. The retried jobs are listed with the run and counted
+  per cause as retried attempts, not as failed runs.
 * **outcome**: ``Completed`` = success, ``Failed`` = failed, ``Stopped`` = stopped,
   ``InProgress``/``Stopping`` = running. Running jobs are counted in ``runs`` and their
   capacity wait so far is shown, but they carry no GPU-hours and no cost until they end
@@ -43,6 +49,7 @@ from btk.naming import TAG_PROFILE
 from btk.profile import ModelArchitecture
 from btk.report.classify import classify_failure, first_line
 from btk.report.collect import Collection, JobOrigin
+from btk.report.executions import experiment_key, group_attempts
 from btk.report.predict import PredictionUnavailableError, Predictor
 from btk.report.schema import (
     CAPACITY_KINDS,
@@ -52,6 +59,7 @@ from btk.report.schema import (
     Outcome,
     PlanReport,
     Report,
+    RetriedAttempt,
     RunReport,
 )
 from btk.units import SECONDS_PER_HOUR
@@ -397,6 +405,66 @@ def _run(job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str,
     return _Run(report=report, wait_seconds=wait, cost=cost, prediction=prediction, plan_arn=outcome.plan_arn)
 
 
+def _total(values: Sequence[float | None]) -> float | None:
+    """The sum, or None when any value is unknown."""
+    return None if any(value is None for value in values) else sum(value or 0.0 for value in values)
+
+
+def _known_total(values: Sequence[float | int | None]) -> float | None:
+    """The sum of the known values, or None when none is known."""
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
+
+
+def _retried(run: _Run) -> RetriedAttempt:
+    report = run.report
+    return RetriedAttempt(
+        name=report.name,
+        status=report.status,
+        failure_cause=report.failure_cause,
+        failure_reason=report.failure_reason,
+        created=report.created,
+        capacity_wait_seconds=report.capacity_wait_seconds,
+        billable_gpu_hours=report.billable_gpu_hours,
+        cost_usd=report.cost_usd,
+    )
+
+
+def _experiment(attempts: Sequence[_Run]) -> _Run:
+    """One execution's jobs (oldest first) as one run: the last job decides the outcome and
+    carries the metrics; cost, GPU-hours, billable time and wait are every job's."""
+    *retried, last = attempts
+    if not retried:
+        return last
+    cost = _Cost(
+        gpu_hours=_total([run.cost.gpu_hours for run in attempts]),
+        usd=_total([run.cost.usd for run in attempts]),
+        spot_savings=sum(run.cost.spot_savings for run in attempts),
+        plan_instance_hours=sum(run.cost.plan_instance_hours for run in attempts),
+    )
+    wait = _known_total([run.wait_seconds for run in attempts])
+    training = _known_total([run.report.training_seconds for run in attempts])
+    billable = _known_total([run.report.billable_seconds for run in attempts])
+    execution = next(
+        (run.report.pipeline_execution_arn for run in reversed(attempts) if run.report.pipeline_execution_arn), None
+    )
+    report = last.report.model_copy(
+        update={
+            "created": retried[0].report.created,
+            "retries": len(retried),
+            "retried_attempts": [_retried(run) for run in retried],
+            "pipeline_execution_arn": execution,
+            "capacity_wait_seconds": _rounded(wait, 1),
+            "training_seconds": None if training is None else int(training),
+            "billable_seconds": None if billable is None else int(billable),
+            "billable_gpu_hours": None if cost.gpu_hours is None else _hours(cost.gpu_hours),
+            "cost_usd": None if cost.usd is None else _money(cost.usd),
+            "spot_savings_usd": _money(cost.spot_savings),
+        }
+    )
+    return replace(last, report=report, wait_seconds=wait, cost=cost)
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -430,6 +498,11 @@ def summarise(runs: Sequence[_Run]) -> GroupSummary:
         running=len(reports) - ended,
         failure_rate=_rounded(failed / ended if ended else None, 4),
         failures_by_cause={cause: sum(r.failure_cause == cause for r in reports) for cause in FAILURE_CAUSES},
+        retried_attempts=sum(r.retries for r in reports),
+        retried_attempts_by_cause={
+            cause: sum(a.failure_cause == cause for r in reports for a in r.retried_attempts)
+            for cause in FAILURE_CAUSES
+        },
         capacity_wait_hours_total=_hours(sum(waits)),
         capacity_wait_hours_median=_rounded(statistics.median(waits) if waits else None, 4),
         capacity_wait_hours_max=_rounded(max(waits) if waits else None, 4),
@@ -462,10 +535,14 @@ def build_report(
     """The report over the collected jobs (newest first), per profile and overall."""
     notes = list(collection.notes)
     plans = _plans(collection, notes)
-    runs = [_run(job, origin, now, plans, predictor) for job, origin in collection.jobs]
-    runs = [run for run in runs if run.report.created >= since]
+    jobs = [(_run(job, origin, now, plans, predictor), experiment_key(job, origin)) for job, origin in collection.jobs]
+    jobs = [(run, key) for run, key in jobs if run.report.created >= since]
     if only_profile is not None:
-        runs = [run for run in runs if run.report.profile == only_profile]
+        jobs = [(run, key) for run, key in jobs if run.report.profile == only_profile]
+    groups = group_attempts(
+        jobs, key=lambda item: item[1], order=lambda item: (item[0].report.created, item[0].report.name)
+    )
+    runs = [_experiment([run for run, _ in group]) for group in groups]
     runs.sort(key=lambda run: (run.report.created, run.report.name), reverse=True)
 
     order = list(profiles) + sorted({run.report.profile for run in runs} - set(profiles))
@@ -476,7 +553,7 @@ def build_report(
 
     plan_reports = []
     for arn, plan in sorted(plans.items(), key=lambda item: item[1].report.name):
-        used = sum(run.cost.plan_instance_hours for run in runs if run.plan_arn == arn)
+        used = sum(run.cost.plan_instance_hours for run, _ in jobs if run.plan_arn == arn)
         capacity_hours = plan.report.duration_hours * plan.report.instance_count
         per_hour = plan.usd_per_instance_hour
         if per_hour is None:  # not USD: apportion in the plan's own currency

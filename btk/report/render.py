@@ -85,6 +85,19 @@ def _cause_column(cause: FailureCause) -> Column[Group]:
 
 CAUSES: Table[Group] = Table([_left("profile", _group_name), *(_cause_column(cause) for cause in FAILURE_CAUSES)])
 
+
+def _retried_cause_column(cause: FailureCause) -> Column[Group]:
+    return _right(CAUSE_LABELS[cause], lambda g: str(g[1].retried_attempts_by_cause[cause]))
+
+
+RETRIED: Table[Group] = Table(
+    [
+        _left("profile", _group_name),
+        _right("retried jobs", lambda g: str(g[1].retried_attempts)),
+        *(_retried_cause_column(cause) for cause in FAILURE_CAUSES),
+    ]
+)
+
 PREDICTION: Table[Group] = Table(
     [
         _left("profile", _group_name),
@@ -127,6 +140,7 @@ RUNS: Table[RunReport] = Table(
         _left("profile", lambda r: r.profile),
         _left("created (UTC)", lambda r: r.created.strftime("%Y-%m-%d %H:%M")),
         _left("outcome", _outcome),
+        _right("retries", lambda r: str(r.retries)),
         _left("capacity", lambda r: r.capacity.replace("_", " ")),
         _left("instances", lambda r: f"{r.instance_count} x {r.instance_type.removeprefix('ml.')}"),
         _right("wait h", _wait_hours),
@@ -159,7 +173,12 @@ def _sections(report: Report) -> list[_Section]:
     groups = _groups(report)
     return [
         _section("Summary", SUMMARY, groups),
-        _section("Failures by cause", CAUSES, groups),
+        _section("Failures by cause (failed runs, by their last job)", CAUSES, groups),
+        _section(
+            "Retried jobs by cause (the pipeline retried them: counted in their run, not as failures)",
+            RETRIED,
+            groups if report.overall.retried_attempts else [],
+        ),
         _section("Achieved vs predicted (planner)", PREDICTION, groups),
         _section("Training plans", PLANS, report.training_plans),
         _section("Runs (newest first)", RUNS, report.runs),

@@ -26,16 +26,36 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class RunReport(_Model):
-    """One SageMaker training job and what it cost."""
+class RetriedAttempt(_Model):
+    """An earlier job of a run's pipeline execution that ended and was retried; its cost,
+    GPU-hours and wait are included in the run's."""
 
     name: str = Field(description="TrainingJobName")
+    status: str = Field(description="TrainingJobStatus as SageMaker reports it")
+    failure_cause: FailureCause | None = Field(default=None, description="only for status Failed")
+    failure_reason: str | None = Field(default=None, description="FailureReason, first line, at most 300 characters")
+    created: datetime
+    capacity_wait_seconds: float | None = None
+    billable_gpu_hours: float | None = None
+    cost_usd: float | None = None
+
+
+class RunReport(_Model):
+    """One experiment: a pipeline execution (its retried jobs included), or a job outside one.
+
+    Outcome, failure, metrics and prediction are those of the execution's last job; cost,
+    GPU-hours, billable and training seconds and capacity wait are summed over all its jobs.
+    """
+
+    name: str = Field(description="TrainingJobName of the execution's last job")
     profile: str = Field(description="btk profile (tag btk:profile, else hyperparameter job.profile, else pipeline)")
     status: str = Field(description="TrainingJobStatus as SageMaker reports it")
     outcome: Outcome
     failure_cause: FailureCause | None = Field(default=None, description="only for outcome=failed")
     failure_reason: str | None = Field(default=None, description="FailureReason, first line, at most 300 characters")
-    created: datetime
+    created: datetime = Field(description="CreationTime of the execution's first job")
+    retries: int = Field(default=0, description="jobs of this execution that ended and were retried (retried_attempts)")
+    retried_attempts: list[RetriedAttempt] = Field(default_factory=list, description="oldest first")
     instance_type: str
     instance_count: int
     capacity: CapacityKind
@@ -67,13 +87,18 @@ class RunReport(_Model):
 class GroupSummary(_Model):
     """Figures over a set of runs (one profile, or all)."""
 
-    runs: int = Field(description="every job found in the window, running ones included")
-    successes: int = Field(description="TrainingJobStatus Completed")
+    runs: int = Field(
+        description="every experiment found in the window, running ones included: a pipeline execution counts "
+        "once however often its job was retried"
+    )
+    successes: int = Field(description="the last job's TrainingJobStatus is Completed")
     failed: int
     stopped: int
     running: int = Field(description="InProgress or Stopping: counted, but no cost until they end")
     failure_rate: float | None = Field(description="failed / (successes + failed + stopped); None if none ended")
-    failures_by_cause: dict[FailureCause, int]
+    failures_by_cause: dict[FailureCause, int] = Field(description="failed runs, by their last job's cause")
+    retried_attempts: int = Field(description="jobs retried within a run: counted in their run, not as failures")
+    retried_attempts_by_cause: dict[FailureCause, int] = Field(description="retried jobs that failed, by cause")
     capacity_wait_hours_total: float
     capacity_wait_hours_median: float | None
     capacity_wait_hours_max: float | None

@@ -8,6 +8,8 @@ import pytest
 from aws_cdk import App, Environment
 
 import environments
+from btk.catalog import get_environment
+from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
 from stacks.ci_access_stack import (
     BOOTSTRAP_ROLE_KINDS,
@@ -103,8 +105,21 @@ def test_deploy_role_can_only_assume_the_cdk_bootstrap_roles(template: dict[str,
     assert statement["Action"] == "sts:AssumeRole"
     assert "NotAction" not in statement and "NotResource" not in statement and "Condition" not in statement
     assert sorted(resolve(as_list(statement["Resource"]))) == sorted(
-        f"arn:aws:iam::{ACCOUNT}:role/cdk-hnb659fds-{kind}-role-{ACCOUNT}-{env.region}" for kind in BOOTSTRAP_ROLE_KINDS
+        f"arn:aws:iam::{ACCOUNT}:role/cdk-{env.bootstrap_qualifier}-{kind}-role-{ACCOUNT}-{env.region}"
+        for kind in BOOTSTRAP_ROLE_KINDS
     )
+
+
+def test_no_two_deploy_roles_may_assume_the_same_bootstrap_role(template: dict[str, Any]) -> None:
+    assumable: dict[str, set[str]] = {}
+    for env in environments.ENVIRONMENTS:
+        logical_id, _ = role_named(template, f"btk-github-deploy-{env.name}")
+        (policy,) = policies_of(template, logical_id)
+        (statement,) = policy["PolicyDocument"]["Statement"]
+        assumable[env.name] = set(resolve(as_list(statement["Resource"])))
+    for name, arns in assumable.items():
+        others = set().union(*(other for other_name, other in assumable.items() if other_name != name))
+        assert arns.isdisjoint(others), name
 
 
 def test_diff_role_trusts_pull_requests_and_only_reads_training_stack_templates(template: dict[str, Any]) -> None:
@@ -148,7 +163,6 @@ def test_an_existing_provider_is_imported_not_created() -> None:
         ({"environments": ()}, "CiAccessProps.environments is empty"),
         ({"github_repo": "just-a-name"}, "github_repo 'just-a-name' is not OWNER/NAME: pass -c github_repo="),
         ({"existing_provider_arn": "arn:aws:iam::123:oidc-provider/x"}, "is not a GitHub OIDC provider ARN"),
-        ({"bootstrap_qualifier": "Not_Valid"}, "bootstrap_qualifier 'Not_Valid' is not a cdk bootstrap qualifier"),
         ({"role_name_prefix": "has space"}, "role_name_prefix 'has space' is not usable in a role name"),
         ({"environments": (environments.DEV, environments.DEV)}, "lists an environment twice: dev, dev"),
     ],
@@ -158,6 +172,52 @@ def test_bad_props_fail_with_one_line_naming_the_field(overrides: dict[str, Any]
     with pytest.raises(BtkError, match=message.replace("(", r"\(")) as error:
         CiAccessProps(**values)
     assert "\n" not in str(error.value)
+
+
+def _env(name: str, **values: Any) -> EnvironmentConfig:
+    return EnvironmentConfig.model_validate(
+        {"name": name, "availability_zone": "us-east-1a", "profiles": ("llama3.2-1b",), **values}
+    )
+
+
+def test_each_environment_gets_its_own_bootstrap_qualifier_by_default() -> None:
+    assert [_env(name).bootstrap_qualifier for name in ("dev", "staging", "prod", "eu-train-42")] == [
+        "btkdev", "btkstaging", "btkprod", "btkeutrain"
+    ]
+    assert _env("prod", bootstrap_qualifier="hnb659fds").bootstrap_qualifier == "hnb659fds"
+
+
+@pytest.mark.parametrize("qualifier", ["Not_Valid", "", "elevenchars", "has-dash"])
+def test_a_bad_bootstrap_qualifier_is_one_line_naming_the_field(qualifier: str) -> None:
+    from app import validate_environment
+
+    values = _env("qa").model_dump() | {"bootstrap_qualifier": qualifier}
+    with pytest.raises(BtkError, match=r"environment 'qa': bootstrap_qualifier: must be 1-10 lower-case") as error:
+        validate_environment("qa", values)
+    assert "\n" not in str(error.value)
+
+
+def test_environments_sharing_region_and_qualifier_are_refused() -> None:
+    shared = (_env("dev", bootstrap_qualifier="hnb659fds"), _env("prod", bootstrap_qualifier="hnb659fds"))
+    with pytest.raises(BtkError, match="environments 'dev' and 'prod' share bootstrap_qualifier 'hnb659fds' in "
+                                       "us-east-1: either CI role could deploy both") as error:
+        CiAccessProps(environments=shared)
+    assert "\n" not in str(error.value)
+    # Long names cut to the same default qualifier collide too.
+    with pytest.raises(BtkError, match="share bootstrap_qualifier 'btktrainin'"):
+        CiAccessProps(environments=(_env("training-a"), _env("training-b")))
+    # Another region has its own bootstrap: no conflict.
+    CiAccessProps(environments=(shared[0], _env("prod", region="eu-west-1", availability_zone="eu-west-1a",
+                                                bootstrap_qualifier="hnb659fds")))
+
+
+def test_ci_access_stack_deploys_through_its_first_environments_bootstrap() -> None:
+    app = App()
+    stack = CiAccessStack(app, "CiAccessStack", props=CiAccessProps(environments=environments.ENVIRONMENTS),
+                          env=Environment(account=ACCOUNT, region="us-east-1"))
+    qualifier = environments.ENVIRONMENTS[0].bootstrap_qualifier
+    template = app.synth().get_stack_by_name(stack.stack_name).template
+    assert template["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{qualifier}/version"
 
 
 def test_context_turns_the_stack_on_and_selects_environments() -> None:
@@ -199,3 +259,7 @@ def test_cdk_app_adds_the_stack_only_with_ci_access_context(tmp_path: Any) -> No
     app = build_app({"env": environments.DEFAULT_ENVIRONMENT}, outdir=str(tmp_path / "off"))
     assert app.node.try_find_child("CiAccessStack") is None
     assert app.node.try_find_child("TrainingStack") is not None
+    # TrainingStack deploys through its environment's own bootstrap (roles, bucket, repository).
+    env = get_environment(environments.DEFAULT_ENVIRONMENT)
+    training = assembly.get_stack_by_name(env.stack_name).template
+    assert training["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{env.bootstrap_qualifier}/version"

@@ -263,6 +263,52 @@ def test_actionlint_wrapper_still_fails_on_real_mistakes(tmp_path: Path) -> None
     assert _actionlint().returncode == 2
 
 
+# --- shellcheck and zizmor (current releases, from PyPI) --------------------------------------
+
+
+def _venv_tool(name: str) -> str:
+    tool = rules.REPO_ROOT / ".venv" / "bin" / name
+    if not tool.is_file():
+        pytest.fail(f".venv/bin/{name} is missing: run `make setup` (pyproject.toml's dev extra)")
+    return str(tool)
+
+
+@pytest.mark.parametrize("path", [rules.CHECKS_WORKFLOW, rules.DEPLOY_WORKFLOW], ids=lambda p: p.name)
+def test_every_run_script_passes_shellcheck(path: Path) -> None:
+    shellcheck = _venv_tool("shellcheck")
+    for where, script in rules.run_scripts(rules.load_workflow(path)):
+        result = subprocess.run([shellcheck, "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert result.returncode == 0, f"{path.name} {where}:\n{result.stdout}{result.stderr}"
+
+
+def test_shellcheck_sees_the_script_around_blanked_expressions() -> None:
+    workflow = {"jobs": {"a": {"steps": [{"name": "s", "run": 'echo "${{ github.sha }}"\nrm -rf $DIR/*\n'}]}}}
+    ((where, script),) = rules.run_scripts(workflow)
+    assert where == "a/s" and "${{" not in script
+    result = subprocess.run([_venv_tool("shellcheck"), "--shell=bash", "--format=gcc", "-"], input=script,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1 and "SC2086" in result.stdout  # unquoted $DIR
+
+
+def test_zizmor_finds_nothing_in_the_workflows() -> None:
+    result = subprocess.run([_venv_tool("zizmor"), "--offline", "--no-progress", "--format=plain",
+                             *map(str, _workflow_files())], capture_output=True, text=True, timeout=300, check=False,
+                            cwd=rules.REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_zizmor_still_reports_template_injection(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "on: pull_request_target\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n"
+        "      - run: echo \"${{ github.event.pull_request.title }}\"\n"
+    )
+    result = subprocess.run([_venv_tool("zizmor"), "--offline", "--no-progress", str(bad)], capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode != 0 and "template-injection" in result.stdout + result.stderr
+
+
 # --- CPU torch on the runners ----------------------------------------------------------------
 
 

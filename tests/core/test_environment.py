@@ -15,6 +15,7 @@ from btk.environment import (
     DataStageConfig,
     EnvironmentConfig,
     ReservePlanCapacity,
+    longest_execution_hours,
 )
 from btk.errors import one_line
 from btk.naming import _PIPELINE_NAME
@@ -26,10 +27,14 @@ def _env(**overrides: object) -> EnvironmentConfig:
     return EnvironmentConfig.model_validate(values)
 
 
-def test_checkpoints_must_outlive_the_longest_job() -> None:
-    with pytest.raises(ValidationError, match=r"checkpoint_expiration_days \(3\) must outlast the longest job \(144 h"):
+def test_checkpoints_must_outlive_the_longest_execution_with_its_retries() -> None:
+    # retries resume from the execution's checkpoints: they must outlive every attempt and wait
+    with pytest.raises(ValidationError, match=r"checkpoint_expiration_days \(3\) must outlast the longest execution"):
         _env(max_runtime_hours=72, managed_spot=True, data_stage=DataStageConfig(checkpoint_expiration_days=3))
-    assert _env(max_runtime_hours=72, data_stage=DataStageConfig(checkpoint_expiration_days=4)).data_stage
+    config = _env(max_runtime_hours=72, data_stage=DataStageConfig(checkpoint_expiration_days=30))
+    assert longest_execution_hours(config) >= 72 * (config.job_retries.max_attempts + 1)
+    with pytest.raises(ValidationError, match="longest execution"):
+        _env(max_runtime_hours=72, data_stage=DataStageConfig(checkpoint_expiration_days=4))
 
 
 def test_spot_and_training_plan_are_exclusive() -> None:

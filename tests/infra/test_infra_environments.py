@@ -25,6 +25,7 @@ from btk.environment import (
     validate_fsx_throughput,
 )
 from btk.errors import BtkError
+from btk.hardware import INSTANCE_TYPES, InstanceType
 from training_constructs.data_stage import validate_fsx_settings
 from training_constructs.retention import RETENTION_DAYS
 
@@ -201,3 +202,57 @@ def test_app_exits_2_with_one_line(context: dict[str, Any], expected: str) -> No
     assert result.stderr.startswith(expected)
     assert result.stderr.count("\n") == 1
     assert result.stdout == ""
+
+
+# -- managed spot, retries, notification e-mails ---------------------------------------------
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    values = ENV.model_dump()
+    values.update({"capacity": {"mode": "on_demand"}, **changes})
+    return values
+
+
+@pytest.mark.parametrize("instance", list(INSTANCE_TYPES.values()), ids=lambda instance: instance.name)
+def test_spot_only_where_the_catalog_shows_it_offered(instance: InstanceType) -> None:
+    values = _with(instance_type=instance.name, managed_spot=True, data_stage={"mode": "s3"})
+    if instance.managed_spot.offered:
+        assert validate_environment(ENV.name, values).managed_spot
+        return
+    with pytest.raises(BtkError) as caught:
+        validate_environment(ENV.name, values)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"environment {ENV.name!r}: managed_spot: {instance.name} is not shown to be offered" in message
+    assert instance.managed_spot.source in message
+
+
+def test_every_catalog_spot_answer_has_a_source() -> None:
+    for instance in INSTANCE_TYPES.values():
+        assert instance.managed_spot.source and instance.managed_spot.date, instance.name
+
+
+@pytest.mark.parametrize(
+    ("retries", "field"),
+    [({"max_attempts": 21}, "max_attempts"), ({"max_attempts": -1}, "max_attempts"),
+     ({"interval_seconds": 0}, "interval_seconds"), ({"backoff_rate": 0.5}, "backoff_rate"),
+     ({"backoff_rate": float("inf")}, "backoff_rate"), ({"retry": 2}, "retry")],
+)
+def test_bad_job_retries_name_the_field(retries: dict[str, Any], field: str) -> None:
+    with pytest.raises(BtkError) as caught:
+        validate_environment(ENV.name, _with(job_retries=retries))
+    message = str(caught.value)
+    assert f"job_retries.{field}" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("emails", [("ops",), ("a b@example.com",), ("ops@example.com", "ops@example.com")])
+def test_bad_notification_emails_name_the_field(emails: tuple[str, ...]) -> None:
+    with pytest.raises(BtkError) as caught:
+        validate_environment(ENV.name, _with(notification_emails=emails))
+    message = str(caught.value)
+    assert "notification_emails" in message and "\n" not in message
+
+
+def test_notification_emails_accepted() -> None:
+    config = validate_environment(ENV.name, _with(notification_emails=("ml-oncall@example.com",)))
+    assert config.notification_emails == ("ml-oncall@example.com",)

@@ -14,10 +14,12 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
+from pydantic import ValidationError
 from stack_synth import REPO, Synth
 
 import environments
-from btk.environment import DataStageConfig
+from btk.environment import DataStageConfig, EnvironmentConfig, JobRetryConfig, longest_execution_hours
+from stacks.training_stack import TrainingStack
 from training_constructs.nag import apply_nag
 
 ENVS = {env.name: env for env in environments.ENVIRONMENTS}
@@ -38,6 +40,9 @@ def test_key_lets_fsx_service_linked_role_use_it_through_s3_only(synth: Synth) -
     """FSx's per-file-system S3 role must be named in the key policy (its own policy grants no KMS)."""
     (key,) = synth.resources("AWS::KMS::Key").values()
     statements = {st.get("Sid"): st for st in key["Properties"]["KeyPolicy"]["Statement"]}
+    if ENVS[synth.env_name].data_stage.mode != "fsx":
+        assert "AllowFsxDataRepositoryThroughS3" not in statements  # no file system, no FSx statement
+        return
     fsx = statements["AllowFsxDataRepositoryThroughS3"]
     assert fsx["Effect"] == "Allow" and fsx["Principal"] == {"AWS": "*"}
     assert fsx["Condition"]["ArnLike"]["aws:PrincipalArn"] == {"Fn::Join": ["", [
@@ -47,6 +52,14 @@ def test_key_lets_fsx_service_linked_role_use_it_through_s3_only(synth: Synth) -
     assert fsx["Condition"]["StringEquals"] == {
         "kms:ViaService": "s3.us-east-1.amazonaws.com", "kms:CallerAccount": "123456789012",
     }
+    # Only the datasets bucket's objects (object ARN, or the bucket ARN with an S3 Bucket Key).
+    datasets_id = _logical_id(synth, synth.stack.data_stage.datasets_bucket)
+    bucket_name = synth.template["Resources"][datasets_id]["Properties"]["BucketName"]
+    contexts = fsx["Condition"]["StringLike"]["kms:EncryptionContext:aws:s3:arn"]
+    assert [json.dumps(context) for context in contexts] == [
+        json.dumps({"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket_name}{suffix}"]]})
+        for suffix in ("", "/*")
+    ]
     assert [skip["id"] for skip in key["Metadata"]["checkov"]["skip"]] == ["CKV_AWS_33"]
 
 
@@ -117,10 +130,13 @@ def test_endpoints(synth: Synth) -> None:
     endpoints = synth.resources("AWS::EC2::VPCEndpoint").values()
     services = {json.dumps(e["Properties"]["ServiceName"]): e["Properties"].get("VpcEndpointType") for e in endpoints}
     names = " ".join(services)
-    for service in ("ecr.api", "ecr.dkr", ".logs", ".sts", "sagemaker.api", ".monitoring"):
+    for service in ("ecr.api", "ecr.dkr", ".logs", ".monitoring"):
         assert service in names, service
+    # Nothing inside the VPC calls the SageMaker API or STS: no endpoint billed by the hour for them.
+    for unused in (".sts", "sagemaker.api"):
+        assert unused not in names, unused
     assert sum(kind == "Gateway" and ".s3" in name for name, kind in services.items()) == 1
-    assert sum(kind == "Interface" for kind in services.values()) == 6
+    assert sum(kind == "Interface" for kind in services.values()) == 4
     for endpoint in endpoints:
         if endpoint["Properties"]["VpcEndpointType"] == "Interface":
             assert endpoint["Properties"]["PrivateDnsEnabled"] is True
@@ -249,6 +265,32 @@ def test_checkpoint_objects_expire_only_where_configured(env_name: str, synths: 
     else:
         assert len(expiring) == 1 and "Checkpoints" in next(iter(expiring))
         assert next(iter(expiring.values()))["ExpirationInDays"] == days
+        # a retry resumes from the first job's checkpoints: they outlive the whole execution
+        assert days * 24 > longest_execution_hours(ENVS[env_name])
+
+
+def test_checkpoint_expiry_must_outlast_every_retry_and_its_wait() -> None:
+    """The longest execution: (retries + 1) jobs of max_runtime_hours (x SPOT_WAIT_FACTOR with spot),
+    plus interval_seconds x backoff_rate^(n-1) before retry n."""
+    base = {"name": "qa", "availability_zone": "us-east-1a", "profiles": ("llama3.2-1b",), "max_runtime_hours": 24}
+    retries = JobRetryConfig(max_attempts=2, interval_seconds=3600, backoff_rate=3.0)
+    one_job = EnvironmentConfig.model_validate({**base, "job_retries": JobRetryConfig(max_attempts=0)})
+    retried = EnvironmentConfig.model_validate({**base, "job_retries": retries})
+    assert longest_execution_hours(one_job) == 24.0
+    # 3 jobs x 24 h + waits of 1 h and 3 h
+    assert longest_execution_hours(retried) == 3 * 24 + 1 + 3
+    spot = EnvironmentConfig.model_validate(
+        {**base, "instance_type": "ml.p5.48xlarge", "managed_spot": True, "job_retries": retries}
+    )
+    assert longest_execution_hours(spot) == 3 * 48 + 1 + 3
+    # 3 days outlast one job (24 h) but not the retried execution (76 h)
+    three_days = DataStageConfig(checkpoint_expiration_days=3)
+    assert EnvironmentConfig.model_validate(
+        {**base, "job_retries": JobRetryConfig(max_attempts=0), "data_stage": three_days}
+    ).data_stage == three_days
+    with pytest.raises(ValidationError, match=r"checkpoint_expiration_days \(3\) must outlast the longest execution "
+                       r"\(76\.0 h: 3 jobs of up to 24 h"):
+        EnvironmentConfig.model_validate({**base, "job_retries": retries, "data_stage": three_days})
 
 
 # -- role -----------------------------------------------------------------------------------
@@ -312,6 +354,9 @@ def test_role_scopes(synth: Synth) -> None:
     assert set(by_action["ec2:CreateNetworkInterfacePermission"][0]["Condition"]["StringEquals"]) == {"ec2:Vpc"}
     logs = json.dumps(by_action["logs:PutLogEvents"][0]["Resource"])
     assert "/aws/sagemaker/TrainingJobs:*" in logs and "/aws/sagemaker/ProcessingJobs:*" in logs
+    # CreateLogGroup is authorized on the group's ARN itself, which ends in the name (no ":*").
+    created = [json.dumps(r) for s in by_action["logs:CreateLogGroup"] for r in _as_list(s["Resource"])]
+    assert len(created) == 2 and all(r.endswith('Jobs"]]}') and ":*" not in r for r in created), created
     key_arn = {"Fn::GetAtt": [_logical_id(synth, synth.stack.key), "Arn"]}
     assert all(s["Resource"] == key_arn for s in by_action["kms:Decrypt"])
     # OutputDataConfig.KmsKeyId: SageMaker requires kms:Encrypt of the execution role.
@@ -328,6 +373,25 @@ def test_outputs(synth: Synth) -> None:
     assert outputs["ExecutionRoleArn"]["Value"] == {
         "Fn::GetAtt": [_logical_id(synth, synth.stack.execution_role.role), "Arn"]}
     assert "container-assets" in json.dumps(outputs["ImageUri"]["Value"])
+    # Failure alerts reach whoever subscribes to this topic.
+    (topic_id, _), = synth.resources("AWS::SNS::Topic").items()
+    assert outputs["FailureTopicArn"]["Value"] == {"Ref": topic_id}
+    emails = ENVS[synth.env_name].notification_emails
+    subscriptions = synth.resources("AWS::SNS::Subscription").values()
+    assert sorted(s["Properties"]["Endpoint"] for s in subscriptions if s["Properties"]["Protocol"] == "email") == (
+        sorted(emails))
+
+
+def test_notification_emails_are_subscribed_to_the_failure_topic() -> None:
+    env = ENVS[next(iter(ENVS))]
+    config = env.model_copy(update={"notification_emails": ("ml-oncall@example.com", "lead@example.com")})
+    app = App()
+    stack = TrainingStack(app, "TrainingStack", env_config=config)
+    template = Template.from_stack(stack).to_json()
+    topics = [lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
+    subscriptions = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::SNS::Subscription"]
+    assert sorted(s["Endpoint"] for s in subscriptions) == ["lead@example.com", "ml-oncall@example.com"]
+    assert all(s["Protocol"] == "email" and s["TopicArn"] == {"Ref": topics[0]} for s in subscriptions)
 
 
 def test_stack_identity_and_tags(synth: Synth) -> None:

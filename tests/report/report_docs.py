@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from report_fixtures import fixture_report
+from retry_fixtures import retry_report
 
 from btk.report.render import render_markdown, render_text
 from btk.report.schema import report_json_schema
@@ -24,6 +25,7 @@ def blocks() -> dict[str, str]:
     return {
         "sample-markdown": render_markdown(report),
         "sample-table": "```text\n$ btk report --env dev\n" + render_text(report) + "```\n",
+        "sample-retries": render_markdown(retry_report()),
         "schema": "```json\n" + json.dumps(report_json_schema(), indent=2) + "\n```\n",
     }
 

@@ -93,6 +93,10 @@ def job_arn(name: str) -> str:
     return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{name}"
 
 
+def checkpoint_uri(profile: str, execution: str) -> str:
+    return f"s3://btk-dev-checkpoints-{ACCOUNT}/checkpoints/{profile}/{execution}"
+
+
 def transitions(start: datetime, *phases: tuple[str, int | None, str]) -> list[dict[str, Any]]:
     """SecondaryStatusTransitions from (status, minutes, message); minutes None = still in it."""
     result = []
@@ -138,8 +142,13 @@ def describe(
     final_metrics: list[dict[str, Any]] | None = None,
     spot: bool = False,
     plan_arn: str | None = None,
+    execution: str | None = None,
 ) -> dict[str, Any]:
-    """A DescribeTrainingJob response as SageMaker returns it for a btk pipeline job."""
+    """A DescribeTrainingJob response as SageMaker returns it for a btk pipeline job.
+
+    ``execution``: the pipeline execution id in the job's checkpoint prefix (every job of an
+    execution, retries included, shares it); None for a job without checkpoints.
+    """
     resource: dict[str, Any] = {"InstanceType": INSTANCE, "InstanceCount": instance_count, "VolumeSizeInGB": 500}
     if plan_arn:
         resource["TrainingPlanArn"] = plan_arn
@@ -168,6 +177,8 @@ def describe(
         "EnableInterContainerTrafficEncryption": False,
         "EnableManagedSpotTraining": spot,
     }
+    if execution is not None:
+        response["CheckpointConfig"] = {"S3Uri": checkpoint_uri(profile, execution), "LocalPath": "/opt/ml/checkpoints"}
     if status != "InProgress":
         response["TrainingEndTime"] = phases[-1]["StartTime"]
     if failure_reason:
@@ -208,6 +219,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     j = {}
     j["J1"] = describe(
         "btk-dev-llama3-2-1b-j1",
+        execution="e1",
         profile="llama3.2-1b",
         status="Completed",
         secondary="Completed",
@@ -227,6 +239,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     )
     j["J2"] = describe(
         "btk-dev-llama3-2-1b-j2",
+        execution="e2",
         profile="llama3.2-1b",
         status="Completed",
         secondary="Completed",
@@ -250,6 +263,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     )
     j["J3"] = describe(
         "btk-dev-llama3-2-1b-j3",
+        execution="e3",
         profile="llama3.2-1b",
         status="Failed",
         secondary="Failed",
@@ -268,6 +282,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     )
     j["J4"] = describe(
         "btk-dev-llama3-2-1b-j4",
+        execution="e4",
         profile="llama3.2-1b",
         status="Failed",
         secondary="Failed",
@@ -280,6 +295,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     )
     j["J5"] = describe(
         "btk-dev-llama3-2-1b-j5",
+        execution="e5",
         profile="llama3.2-1b",
         status="InProgress",
         secondary="Starting",
