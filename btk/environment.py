@@ -262,6 +262,11 @@ class ReservePlanCapacity(BaseModel):
         return self
 
 
+RETRY_WINDOW_MAX_SECONDS = 14400 * 60
+"""A pipeline retry policy expires after at most 14,400 minutes (the SageMaker SDK's
+``MAX_EXPIRE_AFTER_MIN``): a longer first wait could never retry."""
+
+
 class JobRetryConfig(BaseModel):
     """How the pipeline retries a training job that failed for want of capacity or an internal error.
 
@@ -274,7 +279,12 @@ class JobRetryConfig(BaseModel):
     max_attempts: int = Field(
         default=3, ge=0, le=MAX_RETRY_ATTEMPTS, description="retries after the first job (0: never retry)"
     )
-    interval_seconds: int = Field(default=600, ge=1, description="wait before the first retry")
+    interval_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=RETRY_WINDOW_MAX_SECONDS,
+        description="wait before the first retry (at most 10 days, the longest a retry policy may run)",
+    )
     backoff_rate: float = Field(default=2.0, ge=1.0, le=10.0, allow_inf_nan=False, description="growth of the wait")
 
 

@@ -13,6 +13,15 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 
+def printable(text: str) -> str:
+    """``text`` with line breaks, control characters and undecodable bytes escaped: one line, always.
+
+    Messages echo what the user wrote (a name with a newline, a NUL byte); escaped, the error
+    still reads as the one line every tool and log parser expects.
+    """
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class BtkError(Exception):
     """A user-facing error: one line, naming the field and the fix."""
 
@@ -94,5 +103,5 @@ def one_line(error: ValidationError, prefix: str = "", *, root: type[BaseModel] 
         location = _location(item, model, path)
         message = str(item["msg"]).removeprefix("Value error, ")
         parts.append(f"{location}: {message}" if location else message)
-    text = "; ".join(parts)
+    text = printable("; ".join(parts))
     return f"{prefix}{text}" if prefix else text

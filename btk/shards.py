@@ -90,7 +90,7 @@ class ShardManifest(BaseModel):
 
     version: int = FORMAT_VERSION
     dtype: TokenDtype
-    vocab_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1, le=1 << 32, description="token ids are 0 .. vocab_size - 1, at most uint32")
     eos_token_id: int = Field(ge=0)
     tokenizer: str = ""
     shards: tuple[ShardEntry, ...] = Field(min_length=1)

@@ -15,8 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from btk.cli.arguments import printable
-from btk.errors import BtkError
+from btk.errors import BtkError, printable
 
 COMMAND_MODULES = ("btk.cli.planning", "btk.cli.capacity", "btk.cli.report")
 EXIT_USAGE = 2

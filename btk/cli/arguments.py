@@ -14,11 +14,6 @@ from pathlib import Path
 MAX_NUMBER_CHARS = 20
 
 
-def printable(text: str) -> str:
-    """``text`` with line breaks, control characters and undecodable bytes escaped: one line, always."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
 def non_empty(text: str) -> str:
     """A value that says something: an empty or blank one is refused, never taken as "not given"."""
     if not text.strip():

@@ -39,6 +39,7 @@ from typing import Any
 from btk.errors import BtkError, UnknownNameError
 from btk.hardware import InstanceType, get_instance_type
 from btk.hyperparameters import JobHyperparameters, from_hyperparameters
+from btk.jsonfile import read_json_file
 from btk_trainer.layout import mesh_shape
 from btk_trainer.preflight import PreflightError, PreflightPlan, preflight_plan, run_preflight
 
@@ -81,12 +82,9 @@ class LaunchPlan:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
+    if not path.exists():
         raise BtkError(f"{what} {path} not found; set --config-dir or BTK_CONFIG_DIR")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise BtkError(f"{what} {path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+    return read_json_file(path, f"{what} {path}")
 
 
 def read_cluster(config_dir: Path) -> ClusterConfig:

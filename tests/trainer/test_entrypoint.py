@@ -172,3 +172,20 @@ def test_main_exits_with_the_launchers_status(data_dir: Path, monkeypatch: pytes
 
     monkeypatch.setattr(entrypoint, "run", lambda plan: 143)
     assert main(["train", "--config-dir", str(FIXTURES / "one_node"), "--data-dir", str(data_dir)], env=ENV) == 143
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b'{"a": "\xff"}', b"[" * 50_000 + b"]" * 50_000, b'{"seed": ' + b"7" * 5000 + b"}", b'{"a": '],
+    ids=["invalid UTF-8", "deep nesting", "5000-digit integer", "truncated"],
+)
+def test_hostile_hyperparameters_file_is_one_line_before_torchrun(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    config = _copy(tmp_path)
+    (config / "hyperparameters.json").write_bytes(content)
+    failure = tmp_path / "failure"
+    code = main(["train", "--config-dir", str(config), "--data-dir", str(data_dir), "--failure-file", str(failure)],
+                env=ENV)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "hyperparameters.json" in err
