@@ -19,12 +19,16 @@ The model sums, at the step's peak phase:
   - ``full``: only each block's input, ``2h`` bytes, plus one layer's full working set.
 
   Without ``torch.compile`` eager RMSNorm keeps two fp32 intermediates per norm (+16h).
-  Tensor parallelism (no sequence parallelism) divides the head- and FFN-sharded terms.
+  Tensor parallelism divides every term: the trainer runs it with sequence parallelism (as
+  torchtitan), so besides the head- and FFN-sharded tensors the residual stream, the norms'
+  inputs and outputs between the blocks are sharded along the sequence by TP too.
   K and V enter attention with their ``kv`` heads (SDPA ``enable_gqa``): no copy repeated to
   the query heads is saved (that copy would add ``2·(h − kv)`` elements per token per layer).
 * **logits** — with a fused/compiled cross-entropy the bf16 logits and their gradient
   (4 B/vocab entry/token); the eager fp32 ``cross_entropy(logits.float())`` of older scripts
-  peaks at bf16 logits + fp32 copy + fp32 log-softmax + fp32 gradient (14 B).
+  peaks at bf16 logits + fp32 copy + fp32 log-softmax + fp32 gradient (14 B). Divided by TP:
+  the head is column-parallel with cross-entropy under ``loss_parallel()``, so each rank
+  holds only its vocabulary shard of the logits.
 * **other** — FSDP parameters gathered in flight (output head + one block in bf16 at the loss;
   two blocks + one block's fp32 gradient in backward), as Megatron-LM's
   ``theoretical_memory_usage.py`` accounts for buffers outside the weights.
@@ -113,14 +117,16 @@ class MemoryBreakdown:
 def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """Bytes autograd keeps per token per layer between forward and backward."""
     h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, knobs.tensor_parallel
+    # Sequence parallelism: the terms TP once left replicated (x, norm(x), h, norm(h), the block
+    # input, the eager norms' fp32 intermediates) are sequence-sharded, so everything divides by t.
     if knobs.activation_checkpointing == "none":
-        saved = (6 * h + 2 * kv + 4 * f) * BF16 / t + 4 * h * BF16  # sharded + replicated parts
+        saved = (10 * h + 2 * kv + 4 * f) * BF16 / t
         if not knobs.compile:
-            saved += 16 * h  # two fp32 intermediates per eager RMSNorm, two norms
+            saved += 16 * h / t  # two fp32 intermediates per eager RMSNorm, two norms
         return saved
     if knobs.activation_checkpointing == "selective":
-        return (2 * h + kv + f) * BF16 / t + 2 * h * BF16  # wq, SDPA, wv, w1 | block input, w2
-    return 2 * h * BF16  # full: block input only
+        return (4 * h + kv + f) * BF16 / t  # wq, SDPA, wv, w1, block input, w2
+    return 2 * h * BF16 / t  # full: block input only
 
 
 def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
@@ -132,7 +138,7 @@ def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKn
 
 
 def logits_peak_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
-    """Peak bytes of the output logits and the loss per token."""
+    """Peak bytes of the output logits and the loss per token (vocabulary-sharded by TP: loss-parallel head)."""
     per_vocab = 4 if knobs.fused_loss else 14
     return per_vocab * arch.vocab_size / knobs.tensor_parallel
 

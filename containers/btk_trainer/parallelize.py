@@ -12,18 +12,23 @@ everywhere (``dp_shard = 1``, plain data parallel through the same code path).
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs, knob_combination_problem
+from btk.profile import ModelArchitecture
 from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import Decoder, eager_cross_entropy
 
-__all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "float8_all_gather_enabled", "mesh_shape", "parallelize"]
+__all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "float8_all_gather_enabled", "mesh_shape", "parallelize",
+           "train_context"]
 
 MIN_FP8_CAPABILITY = (8, 9)  # Ada/Hopper and newer have fp8 tensor cores
 MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell
@@ -143,35 +148,169 @@ def swap_mxfp8_linears(model: Decoder, swappable: Any, *, emulate: bool) -> int:
     return len(targets)
 
 
-def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str) -> None:
-    """Megatron-style TP inside each block: column-parallel q/k/v/gate/up, row-parallel o/down."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+class LossParallelHead(ColwiseParallel):
+    """``ColwiseParallel`` for :class:`~btk_trainer.model.OutputHead`, whose forward also takes the targets
+    and the loss function and then returns the loss instead of logits.
 
-    tp = tp_mesh.size()
-    arch = model.arch
+    The stock style's hooks see only the first argument (its input hook would drop the targets)
+    and would redistribute whatever comes out to ``output_layouts``. Here the hidden states are
+    prepared as usual (sequence-sharded -> replicated: one all-gather) and the other arguments
+    pass through; the loss (a 0-d DTensor from cross-entropy under ``loss_parallel()``) comes
+    back as a plain tensor, logits as the vocabulary-sharded DTensor torchtitan's head returns.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+
+    @staticmethod
+    def _prepare_input_fn(input_layouts: Any, desired_input_layouts: Any, mod: nn.Module, inputs: Any,
+                          device_mesh: DeviceMesh) -> Any:
+        # torch leaves the styles' hook functions unannotated.
+        hidden = ColwiseParallel._prepare_input_fn(  # type: ignore[no-untyped-call]
+            input_layouts, desired_input_layouts, mod, inputs[:1], device_mesh)
+        return (hidden, *inputs[1:])
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
+                           device_mesh: DeviceMesh) -> Any:
+        if outputs.ndim == 0:  # the loss, already reduced over the vocabulary shards
+            return outputs.full_tensor()
+        return ColwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]
+            output_layouts, use_local_output, mod, outputs, device_mesh)
+
+
+class SequenceShardedEmbedding(RowwiseParallel):
+    """Vocabulary-parallel embedding whose output is reduce-scattered to this rank's sequence shard (torchtitan's
+    ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))``), returned as a copy.
+
+    ``to_local()`` returns a view; the first compiled block takes that view as its input and
+    AOT autograd regenerates it from its base, which drops the gradient to the embedding
+    (zero on CPU with ``aot_eager``). The copy is one micro-batch of sequence-sharded hidden
+    states.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
+                           device_mesh: DeviceMesh) -> Any:
+        local = RowwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]
+            output_layouts, use_local_output, mod, outputs, device_mesh)
+        return local.clone()
+
+
+def _check_tensor_parallel_divides(arch: ModelArchitecture, seq_len: int, tp: int) -> None:
     for name, count in (("num_kv_heads", arch.num_kv_heads), ("num_attention_heads", arch.num_attention_heads),
-                        ("ffn_hidden_size", arch.ffn_hidden_size)):
+                        ("ffn_hidden_size", arch.ffn_hidden_size), ("vocab_size", arch.vocab_size),
+                        ("seq_len", seq_len)):
         if count % tp:
             raise BtkError(f"tensor_parallel={tp} must divide {name} ({count}); lower tensor_parallel")
+
+
+def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, seq_len: int) -> None:
+    """Megatron-style TP with sequence parallelism and a loss-parallel head, as torchtitan's Llama plan.
+
+    Inside each block q/k/v/gate/up are column-parallel and o/down row-parallel; between the
+    blocks the residual stream is sharded along the sequence (``Shard(1)``): the norms run on
+    their sequence shard (``SequenceParallel``), attention and MLP all-gather their input
+    (``PrepareModuleInput``) and the row-parallel outputs reduce-scatter back to it, so the
+    all-reduce of plain TP becomes an all-gather + reduce-scatter of the same bytes and no
+    rank repeats the norm work or keeps the full residual activations. The embedding is
+    vocabulary-parallel (its output reduce-scattered to the sequence shard), the head
+    column-parallel with its logits left vocabulary-sharded for cross-entropy under
+    :func:`train_context`'s ``loss_parallel()``: no rank materialises the full logits. A tied
+    head shares the embedding's (vocabulary-sharded) weight again after both are split.
+    fp8_tensorwise uses torchao's float8 styles, whose input preparation (on CUDA) casts to
+    float8 before the all-gather.
+    """
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    _check_tensor_parallel_divides(model.arch, seq_len, tp)
     colwise: Any = ColwiseParallel
     rowwise: Any = RowwiseParallel
+    prepare_input: Any = PrepareModuleInput
     if precision == "fp8_tensorwise":
-        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
 
-        colwise, rowwise = Float8ColwiseParallel, Float8RowwiseParallel
-    elif problem := knob_combination_problem(precision, tp_mesh.size()):
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+        if tp_mesh.device_type != "cuda":
+            # Sequence parallelism moves float8 tensors through collectives (the inputs gathered
+            # in float8, the row-parallel outputs' float8 gradients in backward), which gloo
+            # cannot carry: on CPU, float8 TP keeps plain TP's all-reduces.
+            _apply_plain_tensor_parallel(model, tp_mesh, colwise, rowwise)
+            return
+    elif problem := knob_combination_problem(precision, tp):
         raise BtkError(problem)
+    tied = model.weights_tied
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": SequenceShardedEmbedding(),
+        "model.norm": SequenceParallel(),
+        "lm_head": LossParallelHead(),
+    })
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
     plan = {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": prepare_input(input_layouts=(Shard(1), None, None),
+                                   desired_input_layouts=(Replicate(), None, None)),
         "self_attn.q_proj": colwise(),
         "self_attn.k_proj": colwise(),
         "self_attn.v_proj": colwise(),
-        "self_attn.o_proj": rowwise(),
+        "self_attn.o_proj": rowwise(output_layouts=Shard(1)),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "mlp.gate_proj": colwise(),
         "mlp.up_proj": colwise(),
-        "mlp.down_proj": rowwise(),
+        "mlp.down_proj": rowwise(output_layouts=Shard(1)),
     }
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
+
+
+def _apply_plain_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, colwise: Any, rowwise: Any) -> None:
+    """Megatron TP inside the blocks only: replicated norms, embedding and head, one all-reduce per row-parallel
+    output."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = {name: colwise() for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "mlp.gate_proj", "mlp.up_proj")}
+    plan.update({"self_attn.o_proj": rowwise(), "mlp.down_proj": rowwise()})
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def train_context(shape: MeshShape) -> AbstractContextManager[Any]:
+    """What forward and backward run under: ``loss_parallel()`` with tensor parallelism (the head's
+    vocabulary-sharded logits; torch requires the backward inside it too), else nothing."""
+    if shape.tp == 1:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def enable_async_tensor_parallel(tp_mesh: DeviceMesh, *, compiled: bool) -> bool:
+    """Async TP (torchtitan's ``enable_async_tensor_parallel``) where torch offers it: CUDA and compiled blocks.
+
+    Inductor's micro-pipeline pass splits each all-gather -> matmul and matmul -> reduce-scatter
+    of the sequence-parallel blocks into chunks that overlap, through symmetric memory on the
+    TP group. It exists only in compiled graphs and only for NCCL on CUDA; elsewhere nothing is
+    set (returns whether it was enabled).
+    """
+    if not compiled or tp_mesh.device_type != "cuda" or tp_mesh.size() == 1:
+        return False
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    return True
 
 
 # The block's linears: bf16 ones dispatch to mm/addmm, torchao float8 ones to _scaled_mm. All
@@ -295,10 +434,12 @@ def parallelize(
     apply_low_precision(model, knobs.precision,
                         fsdp_float8_all_gather=float8_all_gather_enabled(knobs.precision, shape),
                         emulate_mxfp8=emulate_mxfp8)
+    compiled = knobs.compile if compile_enabled is None else compile_enabled
     if shape.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], knobs.precision)
+        apply_tensor_parallel(model, mesh["tp"], knobs.precision, knobs.seq_len)
+        enable_async_tensor_parallel(mesh["tp"], compiled=compiled and compile_backend == "inductor")
     apply_activation_checkpointing(model, knobs.activation_checkpointing)
-    if knobs.compile if compile_enabled is None else compile_enabled:
+    if compiled:
         apply_compile(model, compile_backend)
     if knobs.fused_loss if fused_loss_enabled is None else fused_loss_enabled:
         apply_fused_loss(model, compile_backend)

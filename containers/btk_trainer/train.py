@@ -29,7 +29,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +58,7 @@ from btk_trainer.parallelize import (
     float8_all_gather_enabled,
     mesh_shape,
     parallelize,
+    train_context,
 )
 from btk_trainer.stopping import (
     CAPACITY_BLOCK_SAFETY_MARGIN,
@@ -257,7 +258,7 @@ class PhaseTimes:
 def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
     *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
-    phases: PhaseTimes | None = None,
+    phases: PhaseTimes | None = None, context: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
@@ -266,6 +267,8 @@ def forward_backward(
     the replicas only after the last one, instead of crossing the inter-node network every time.
     ``stop_agreed(micro)`` is asked before every micro-batch after the first (collective: every
     rank asks at the same one); when it says stop, the step is abandoned and None returned.
+    ``context`` makes what each micro-batch's forward and backward run under
+    (:func:`~btk_trainer.parallelize.train_context`: ``loss_parallel()`` with tensor parallelism).
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
     timer = phases or PhaseTimes(None)
@@ -279,10 +282,11 @@ def forward_backward(
             cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
         with timer.phase("data"):
             inputs, targets = next_batch(windows, sampler, device)
-        with timer.phase("forward"):
-            loss = model(inputs, targets) / accumulation
-        with timer.phase("backward"):
-            loss.backward()
+        with context():
+            with timer.phase("forward"):
+                loss = model(inputs, targets) / accumulation
+            with timer.phase("backward"):
+                loss.backward()
         loss_sum += loss.detach()
     return loss_sum
 
@@ -595,7 +599,7 @@ class Trainer:
         loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,
                                     self.spec.knobs.gradient_accumulation_steps,
                                     defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed,
-                                    phases=self.phases)
+                                    phases=self.phases, context=lambda: train_context(self.shape))
         if loss_sum is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.sampler.load_state_dict(data_position)

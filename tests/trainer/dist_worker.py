@@ -46,7 +46,7 @@ def grads_for(
     """
     from btk_trainer.data import ResumableSampler, TokenShards
     from btk_trainer.model import Decoder
-    from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize
+    from btk_trainer.parallelize import build_mesh, data_parallel_rank, mesh_shape, parallelize, train_context
     from btk_trainer.train import forward_backward
     from torch.distributed.tensor import DTensor
 
@@ -67,7 +67,7 @@ def grads_for(
     sampler = ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=dp_rank,
                                dp_size=dp_size, seed=spec.job.seed)
     loss = forward_backward(model, windows, sampler, torch.device("cpu"), knobs.gradient_accumulation_steps,
-                            defer_all_reduce=shape.dp_replicate > 1)
+                            defer_all_reduce=shape.dp_replicate > 1, context=lambda: train_context(shape))
     dist.all_reduce(loss)
     grads = {}
     for name, parameter in model.named_parameters():
@@ -283,6 +283,15 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["init_from"] = check_init_from(workdir)
     out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
                               "loss_diff": abs(tp_loss - ref_loss)}
+    # The GPU path under TP: sequence-parallel blocks compiled (selective AC) and the fused loss under
+    # loss_parallel(), traced by aot_eager on CPU.
+    torch._dynamo.reset()
+    tp_compiled, tp_compiled_loss, _ = grads_for(
+        tiny_spec(tensor_parallel=2, micro_batch_size=4, activation_checkpointing="selective"), data_dir,
+        compile_backend="aot_eager")
+    out["tensor_parallel_compiled"] = {
+        "max_abs_diff": max(float((tp_compiled[k] - reference[k]).abs().max()) for k in reference),
+        "loss_diff": abs(tp_compiled_loss - ref_loss)}
     out["tp_training"] = check_tp_training(workdir, data_dir)
     out["low_precision"] = check_low_precision_construction()
     out["checkpoint_protocol"] = check_checkpoint_protocol(workdir)

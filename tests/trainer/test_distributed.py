@@ -107,9 +107,11 @@ def test_dataset_hashing_is_split_across_ranks_and_agreed(core: dict[str, Any]) 
     assert first == second and "shard_00001.bin fails its sha256 checksum" in first
 
 
-def test_tensor_parallel_matches_data_parallel(core: dict[str, Any]) -> None:
-    assert core["tensor_parallel"]["max_abs_diff"] <= 1e-6
-    assert core["tensor_parallel"]["loss_diff"] <= 1e-6
+@pytest.mark.parametrize("case", ["tensor_parallel", "tensor_parallel_compiled"])
+def test_tensor_parallel_matches_data_parallel(core: dict[str, Any], case: str) -> None:
+    """Sequence-parallel blocks and the loss-parallel head, eager and compiled (aot_eager, selective AC)."""
+    assert core[case]["max_abs_diff"] <= 1e-6
+    assert core[case]["loss_diff"] <= 1e-6
 
 
 @pytest.mark.parametrize("seed", [1])

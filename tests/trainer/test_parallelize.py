@@ -138,3 +138,25 @@ def test_rowwise_float8_makes_inductor_emulate_precision_casts(llama_arch: Model
     assert inductor_config.emulate_precision_casts is False
     apply_low_precision(Decoder(llama_arch), "fp8_rowwise", fsdp_float8_all_gather=False)
     assert inductor_config.emulate_precision_casts is True
+
+
+@pytest.mark.parametrize(("device_type", "compiled"), [("cpu", True), ("cuda", False)])
+def test_async_tensor_parallel_only_on_compiled_cuda(device_type: str, compiled: bool) -> None:
+    """Async TP is an Inductor pass over NCCL collectives: off the CUDA + compile path nothing is set."""
+    import types
+
+    import torch._inductor.config
+    from btk_trainer.parallelize import enable_async_tensor_parallel
+
+    mesh = types.SimpleNamespace(device_type=device_type, size=lambda: 2)
+    with torch._inductor.config.patch(_micro_pipeline_tp=False):
+        assert enable_async_tensor_parallel(mesh, compiled=compiled) is False  # type: ignore[arg-type]
+        assert torch._inductor.config._micro_pipeline_tp is False
+
+
+def test_tensor_parallel_must_divide_vocabulary_and_sequence() -> None:
+    from btk_trainer.parallelize import _check_tensor_parallel_divides
+
+    _check_tensor_parallel_divides(tiny_llama(), 32, 2)
+    with pytest.raises(BtkError, match="must divide seq_len"):
+        _check_tensor_parallel_divides(tiny_llama(), 33, 2)
