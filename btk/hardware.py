@@ -149,10 +149,10 @@ B200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(
-        0.467, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.425, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.504, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.373, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -168,10 +168,10 @@ H200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
     achieved_matmul_fraction=Fact(
-        0.507, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.521, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.428, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.367, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -187,10 +187,10 @@ H100 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
     achieved_matmul_fraction=Fact(
-        0.507, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.521, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.428, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.367, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -202,10 +202,10 @@ A100_80GB = GpuSpec(
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
     achieved_matmul_fraction=Fact(
-        0.507, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
+        0.521, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
     non_matmul_overhead=Fact(
-        0.428, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
+        0.367, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
 )
 

@@ -3,7 +3,9 @@ missed the published runs on the same GPU family.
 
 ``benchmarks/calibrate.py --write`` computes it from ``calibration_points.json`` and stores
 it in ``calibration_band.json``; ``tests/planner/test_calibration.py`` checks the stored band
-against a fresh fit. A GPU family with no published point has no band, and says so.
+against a fresh fit. A GPU family with no published point has no band, and says so. A point
+that alone pins a constant (``PointResult.predicted`` false) has no meaningful leave-one-out
+error: it counts among the evidence and is listed under ``not_predicted``, outside the worst case.
 """
 
 from __future__ import annotations
@@ -67,14 +69,25 @@ class ErrorBand:
 
 
 def band_summary(results: Sequence[PointResult]) -> dict[str, dict[str, Any]]:
-    """Per family: worst |leave-one-out| tokens/s error, worst |memory| error, counts, point ids."""
+    """Per family: worst |leave-one-out| tokens/s error of the predictable points, worst |memory| error,
+    counts, point ids (all, and those not predictable)."""
     summary: dict[str, dict[str, Any]] = {}
     for result in results:
         entry = summary.setdefault(
             result.point.family,
-            {"tokens_per_second": 0.0, "memory": None, "points": 0, "memory_points": 0, "evidence": []},
+            {
+                "tokens_per_second": 0.0,
+                "memory": None,
+                "points": 0,
+                "memory_points": 0,
+                "evidence": [],
+                "not_predicted": [],
+            },
         )
-        entry["tokens_per_second"] = round(max(entry["tokens_per_second"], abs(result.left_out_error)), 3)
+        if result.predicted:
+            entry["tokens_per_second"] = round(max(entry["tokens_per_second"], abs(result.left_out_error)), 3)
+        else:
+            entry["not_predicted"].append(result.point.id)
         entry["points"] += 1
         entry["evidence"].append(result.point.id)
         if result.memory_error is not None:

@@ -12,12 +12,16 @@ Two constants describe the *evidence*, not btk's trainer, and are fitted with th
   than an FSDP2 + torch.compile trainer (fused kernels, cuDNN attention, overlapped
   communication). NVIDIA publishes full-power B200 results only from Megatron, so they
   enter as ``prediction × megatron_engine``; the factor is pinned by the GPU family that has
-  both engines' runs (Hopper).
+  both engines' runs (Hopper), and assumed to hold on every GPU family.
 * ``power_limit``: torchao's B200 runs were made on power-limited GPUs; their predictions
   are ``prediction × power_limit``, while SageMaker's p6-b200 runs at full power.
 
 A weak prior (``PRIOR_WEIGHT``) pulls every constant towards a neutral value so that a
 leave-one-out fit stays defined when the point left out was the only one pinning a constant.
+Such a point (``pins`` in the file: Megatron's DGX-H100 run is the only one that separates
+``megatron_engine`` from Blackwell's speed and ``power_limit``) cannot be predicted without
+itself: its leave-one-out error measures the prior, not the model, so it is reported but left
+out of the error band (``PointResult.predicted``).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ POINTS_FILE = Path(__file__).with_name("calibration_points.json")
 PROFILE = "llama3.1-8b"
 PRIOR_WEIGHT = 0.02
 GPU_FAMILIES = {"hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"), "blackwell": ("B200",), "ampere": ("A100_80GB",)}
-MEGATRON_ENGINE = 1.527
-B200_POWER_LIMIT = 0.5976
+MEGATRON_ENGINE = 1.590
+B200_POWER_LIMIT = 0.6429
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class CalibrationPoint:
     memory_gib: float | None
     source: str
     differs: str
+    pins: str | None = None
+    """The constant only this point determines, and why (then it is evidence, not predicted)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ def load_points() -> tuple[CalibrationPoint, ...]:
                 memory_gib=raw["memory_gib"],
                 source=raw["source"],
                 differs=raw["differs"],
+                pins=raw.get("pins"),
             )
         )
     return tuple(points)
@@ -276,6 +283,11 @@ class PointResult:
     fitted_tokens: float
     left_out_tokens: float
     memory_gib: float | None
+
+    @property
+    def predicted(self) -> bool:
+        """Whether the leave-one-out fit can predict the point (no constant rests on it alone)."""
+        return self.point.pins is None
 
     @property
     def fitted_error(self) -> float:

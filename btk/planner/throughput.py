@@ -15,7 +15,9 @@ Model (per GPU, per optimizer step):
   small to fill the GPU. ``S`` is a GEMM's output size per TP rank, micro-batch tokens ×
   hidden size / TP, so both a short micro-batch and a narrow model (or a high TP degree)
   lower it; ``S₀`` is fitted (``ThroughputConstants.gemm_half_efficiency``). One constant
-  for both because a GEMM's wave count depends on its output tiles, rows times columns.
+  for both because a GEMM's wave count depends on its output tiles, rows times columns. A
+  float8 GEMM's ``S₀`` is its peak's multiple of bf16's: its fixed part (wave tails, the
+  epilogue's HBM writes) does not speed up with the tensor cores.
 * **Non-matmul work** (norms, RoPE, SwiGLU, residual adds, optimizer, launch gaps) is
   bound by HBM bandwidth, not by tensor cores: it costs ``non_matmul_overhead`` times the
   time the bf16 matmuls would take on an H100 SXM-like balance of 295 FLOP per byte
@@ -38,12 +40,14 @@ Model (per GPU, per optimizer step):
   tensorwise scaling, as the trainer does) in forward and again in backward for every
   micro-batch, and reduce-scatters fp32 gradients once per step; HSDP does the same
   inside a node and all-reduces its gradient shard across nodes. Tensor parallelism runs
-  with sequence parallelism, as the trainer and torchtitan do: each all-reduce of plain TP
-  becomes an all-gather + reduce-scatter of the sequence-sharded activations, the same bytes
-  on a ring, so it still costs four all-reduces per layer per micro-batch. The
-  vocabulary-parallel embedding and the loss-parallel head add one all-reduce's worth each
-  per micro-batch (2 beside 4 per layer: under 2 % of the TP traffic of a 32-layer model),
-  left out so the calibrated constants stay as fitted. The per-rank compute divides by TP, the output
+  with sequence parallelism, as the trainer and torchtitan do
+  (:func:`tensor_parallel_seconds_per_step`): per layer and micro-batch, 4 all-gathers and 4
+  reduce-scatters of the sequence-sharded activation, the input all-gathers re-run by
+  recompute, float8 gathers under tensorwise scaling, and one HBM copy of the full
+  activation per collective (the sequence is not NCCL's gather dimension). The
+  vocabulary-parallel embedding and the loss-parallel head add one collective each per
+  micro-batch (2 beside 10 per layer: under 1 % of the TP traffic of a 32-layer model), left
+  out. The per-rank compute divides by TP, the output
   head's included: its logits and cross-entropy are vocabulary-sharded (no rank computes
   the full head), and the norms run on a sequence shard. Bandwidths: NVLink inside a
   node, EFA per GPU across nodes (ring algorithms, 80 % of link rate); plain data
@@ -96,9 +100,9 @@ class ThroughputConstants:
 
 
 FITTED_CONSTANTS = ThroughputConstants(
-    eager_overhead_factor=1.441,
-    gemm_half_efficiency=6.749e6,
-    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.785, "mxfp8": 1.320},
+    eager_overhead_factor=1.751,
+    gemm_half_efficiency=7.013e6,
+    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.530, "mxfp8": 1.206},
 )
 """``benchmarks/calibrate.py``'s fit to the calibration set (``docs/calibration.md``)."""
 LINK_EFFICIENCY = 0.80
@@ -151,10 +155,17 @@ def recompute_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> 
     return 0.0, 0.0
 
 
-def gemm_shape_factor(arch: ModelArchitecture, knobs: TrainingKnobs, constants: ThroughputConstants) -> float:
-    """Fraction of the calibrated matmul rate that GEMMs of this width and row count reach."""
+def gemm_shape_factor(
+    arch: ModelArchitecture, knobs: TrainingKnobs, constants: ThroughputConstants, speedup: float = 1.0
+) -> float:
+    """Fraction of the calibrated matmul rate that GEMMs of this width and row count reach.
+
+    ``speedup`` is the GEMM's peak relative to bf16: a GEMM's fixed part (wave tails, the
+    epilogue's HBM writes of its output) does not get faster with the tensor cores, so a
+    float8 GEMM needs ``speedup`` times the output size to reach the same fraction.
+    """
     size = knobs.tokens_per_micro_batch() * arch.hidden_size / knobs.tensor_parallel
-    return size / (size + constants.gemm_half_efficiency)
+    return size / (size + constants.gemm_half_efficiency * speedup)
 
 
 def compute_seconds_per_token(
@@ -165,9 +176,11 @@ def compute_seconds_per_token(
 ) -> float:
     """Seconds of GPU work per token for one TP rank (matmuls, non-matmul work, fp8 casts)."""
     gpu = instance.gpu
-    efficiency = gpu.achieved_matmul_fraction.value * gemm_shape_factor(arch, knobs, constants)
-    bf16_rate = gpu.peak_tflops("bf16") * 1e12 * efficiency
-    linear_rate = gpu.peak_tflops(knobs.precision) * 1e12 * efficiency
+    speedup = gpu.peak_tflops(knobs.precision) / gpu.peak_tflops("bf16")
+    fraction = gpu.achieved_matmul_fraction.value
+    bf16_rate = gpu.peak_tflops("bf16") * 1e12 * fraction * gemm_shape_factor(arch, knobs, constants)
+    linear_shape = gemm_shape_factor(arch, knobs, constants, speedup)
+    linear_rate = gpu.peak_tflops(knobs.precision) * 1e12 * fraction * linear_shape
     block_linear_params = arch.num_layers * sum(i * o for i, o in _linear_shapes(arch))
     head_params = arch.vocab_size * arch.hidden_size
     recompute_linear, recompute_attention = recompute_flops_per_token(arch, knobs)
@@ -215,13 +228,50 @@ def communication_seconds_per_step(
     if replicas > 1:  # HSDP / DDP gradient all-reduce across replicas
         replica_bandwidth = nvlink if par.world_size <= instance.gpus_per_node else efa_per_gpu
         fsdp += 2.0 * 4.0 * params_local / shard * (replicas - 1) / replicas / replica_bandwidth
-    tp_seconds = 0.0
-    if tp > 1:
-        # Sequence parallel: 2 all-gathers + 2 reduce-scatters per layer forward and backward, the bytes of
-        # 4 all-reduces (2·(tp-1)/tp of the activation each on a ring).
-        activation_bytes = knobs.micro_batch_size * knobs.seq_len * arch.hidden_size * 2.0
-        tp_seconds = 4 * arch.num_layers * micro_batches * 2.0 * activation_bytes * (tp - 1) / tp / nvlink
-    return fsdp, tp_seconds
+    return fsdp, tensor_parallel_seconds_per_step(arch, knobs, instance)
+
+
+def sequence_parallel_collectives(knobs: TrainingKnobs) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of the sequence-sharded activation per layer per micro-batch.
+
+    Forward: attention and MLP each all-gather their input and reduce-scatter their output
+    (2 + 2); backward runs the transposes (2 + 2). Recompute re-runs forward collectives:
+    the per-op selective policy saves reduce-scatter outputs (torchtitan's and the trainer's
+    save list) but not all-gathers, so the two input all-gathers run again; full
+    checkpointing re-runs all four.
+    """
+    recomputed = {"none": (0, 0), "selective": (2, 0), "full": (2, 2)}[knobs.activation_checkpointing]
+    return 4 + recomputed[0], 4 + recomputed[1]
+
+
+def tensor_parallel_seconds_per_step(arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType) -> float:
+    """Non-overlapped seconds of sequence-parallel TP per optimizer step (0 without TP).
+
+    Each collective moves ``(tp-1)/tp`` of the full micro-batch activation over NVLink (ring).
+    Float8 tensorwise gathers in float8: torchao's styles cast a block's input before its
+    all-gather and the row-parallel outputs' gradients before theirs (1 byte); reduce-scatters
+    stay bf16. Each collective also costs one HBM read and write of the full activation: the
+    sequence is dimension 1 of ``(batch, seq, hidden)`` while NCCL gathers and scatters along
+    dimension 0, so DTensor concatenates the gathered chunks and makes the scattered input
+    contiguous (copies at the element-wise rate, ``CAST_BANDWIDTH_FRACTION``). Vanilla TP, as
+    the calibration runs: the trainer's async TP (compiled) overlaps part of this, which the
+    model does not credit.
+    """
+    tp = knobs.tensor_parallel
+    if tp == 1:
+        return 0.0
+    gpu = instance.gpu
+    nvlink = gpu.nvlink_gbps_per_direction.value * 1e9 * LINK_EFFICIENCY
+    hbm = gpu.hbm_bandwidth_tbps.value * 1e12 * CAST_BANDWIDTH_FRACTION
+    elements = knobs.micro_batch_size * knobs.seq_len * arch.hidden_size
+    gather_bytes = elements * (1.0 if knobs.precision == "fp8_tensorwise" else 2.0)
+    scatter_bytes = elements * 2.0
+    gathers, scatters = sequence_parallel_collectives(knobs)
+    per_layer = sum(
+        count * size * ((tp - 1) / tp / nvlink + 2.0 / hbm)
+        for count, size in ((gathers, gather_bytes), (scatters, scatter_bytes))
+    )
+    return per_layer * arch.num_layers * knobs.gradient_accumulation_steps
 
 
 def estimate_throughput(
