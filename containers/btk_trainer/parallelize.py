@@ -354,14 +354,45 @@ def _sac_context() -> Any:
     return create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
 
 
-def apply_activation_checkpointing(model: Decoder, mode: str) -> None:
-    """Wrap each block: ``full`` recomputes the block, ``selective`` follows :func:`selective_policy`."""
+def _keep_seeded_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Recompute every op but the random-seeded ones (in a block: attention, whose kernels take a dropout)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    seeded = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+    return CheckpointPolicy.MUST_SAVE if seeded else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keep_seeded_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_keep_seeded_policy)  # type: ignore[no-untyped-call]
+
+
+def keeps_attention_under_full_checkpointing(device_type: str, *, compiled: bool, tp: int) -> bool:
+    """Whether ``full`` AC must save attention: compiled tensor-parallel blocks off CUDA.
+
+    Recomputing a random-seeded op in a compiled block makes AOT autograd save the RNG state
+    for backward. On CUDA it threads the generator state through the graph's inputs; elsewhere
+    (CPU) it appends the state to the saved values after the opaque objects, and under tensor
+    parallelism the saved values hold the block's ``DeviceMesh``: torch then misreads the mesh
+    as a saved tensor and fails. Saving the attention instead (the only seeded op in a block)
+    keeps everything else recomputed. The trainer compiles only on CUDA; this is the CPU
+    (``aot_eager``) test path.
+    """
+    return compiled and tp > 1 and device_type != "cuda"
+
+
+def apply_activation_checkpointing(model: Decoder, mode: str, *, keep_attention: bool = False) -> None:
+    """Wrap each block: ``full`` recomputes the block (``keep_attention``: all but attention, see
+    :func:`keeps_attention_under_full_checkpointing`), ``selective`` follows :func:`selective_policy`."""
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for index, layer in enumerate(model.model.layers):
-        if mode == "full":
+        if mode == "full" and keep_attention:
+            wrapped = checkpoint_wrapper(layer, preserve_rng_state=False, context_fn=_keep_seeded_context)
+        elif mode == "full":
             wrapped = checkpoint_wrapper(layer, preserve_rng_state=False)
         elif mode == "selective":
             wrapped = checkpoint_wrapper(layer, preserve_rng_state=False, context_fn=_sac_context)
@@ -438,7 +469,8 @@ def parallelize(
     if shape.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], knobs.precision, knobs.seq_len)
         enable_async_tensor_parallel(mesh["tp"], compiled=compiled and compile_backend == "inductor")
-    apply_activation_checkpointing(model, knobs.activation_checkpointing)
+    apply_activation_checkpointing(model, knobs.activation_checkpointing, keep_attention=(
+        keeps_attention_under_full_checkpointing(mesh.device_type, compiled=compiled, tp=shape.tp)))
     if compiled:
         apply_compile(model, compile_backend)
     if knobs.fused_loss if fused_loss_enabled is None else fused_loss_enabled:

@@ -283,15 +283,16 @@ def scenario_core(workdir: Path, data_dir: Path) -> dict[str, Any]:
     out["init_from"] = check_init_from(workdir)
     out["tensor_parallel"] = {"max_abs_diff": max(float((tp[k] - reference[k]).abs().max()) for k in reference),
                               "loss_diff": abs(tp_loss - ref_loss)}
-    # The GPU path under TP: sequence-parallel blocks compiled (selective AC) and the fused loss under
-    # loss_parallel(), traced by aot_eager on CPU.
-    torch._dynamo.reset()
-    tp_compiled, tp_compiled_loss, _ = grads_for(
-        tiny_spec(tensor_parallel=2, micro_batch_size=4, activation_checkpointing="selective"), data_dir,
-        compile_backend="aot_eager")
-    out["tensor_parallel_compiled"] = {
-        "max_abs_diff": max(float((tp_compiled[k] - reference[k]).abs().max()) for k in reference),
-        "loss_diff": abs(tp_compiled_loss - ref_loss)}
+    # The GPU path under TP: sequence-parallel blocks compiled (selective and full AC) and the fused loss
+    # under loss_parallel(), traced by aot_eager on CPU (full AC keeps attention there, see
+    # keeps_attention_under_full_checkpointing).
+    for case, mode in (("tensor_parallel_compiled", "selective"), ("tensor_parallel_compiled_full", "full")):
+        torch._dynamo.reset()
+        tp_compiled, tp_compiled_loss, _ = grads_for(
+            tiny_spec(tensor_parallel=2, micro_batch_size=4, activation_checkpointing=mode), data_dir,
+            compile_backend="aot_eager")
+        out[case] = {"max_abs_diff": max(float((tp_compiled[k] - reference[k]).abs().max()) for k in reference),
+                     "loss_diff": abs(tp_compiled_loss - ref_loss)}
     out["tp_training"] = check_tp_training(workdir, data_dir)
     out["low_precision"] = check_low_precision_construction()
     out["checkpoint_protocol"] = check_checkpoint_protocol(workdir)

@@ -107,11 +107,20 @@ def test_dataset_hashing_is_split_across_ranks_and_agreed(core: dict[str, Any]) 
     assert first == second and "shard_00001.bin fails its sha256 checksum" in first
 
 
-@pytest.mark.parametrize("case", ["tensor_parallel", "tensor_parallel_compiled"])
+@pytest.mark.parametrize("case", ["tensor_parallel", "tensor_parallel_compiled", "tensor_parallel_compiled_full"])
 def test_tensor_parallel_matches_data_parallel(core: dict[str, Any], case: str) -> None:
-    """Sequence-parallel blocks and the loss-parallel head, eager and compiled (aot_eager, selective AC)."""
+    """Sequence-parallel blocks and the loss-parallel head, eager and compiled (aot_eager, selective and full AC)."""
     assert core[case]["max_abs_diff"] <= 1e-6
     assert core[case]["loss_diff"] <= 1e-6
+
+
+def test_full_checkpointing_keeps_attention_only_for_compiled_tensor_parallel_off_cuda() -> None:
+    """The CPU workaround never changes what the GPU path recomputes."""
+    from btk_trainer.parallelize import keeps_attention_under_full_checkpointing as keeps
+
+    assert keeps("cpu", compiled=True, tp=2)
+    assert not keeps("cuda", compiled=True, tp=2)
+    assert not keeps("cpu", compiled=False, tp=2) and not keeps("cpu", compiled=True, tp=1)
 
 
 @pytest.mark.parametrize("seed", [1])
