@@ -36,14 +36,27 @@ from pathlib import Path
 from typing import Any
 
 from btk import hardware
-from btk.catalog import get_profile
 from btk.hardware import Fact, GpuSpec, InstanceType
 from btk.knobs import TrainingKnobs
 from btk.planner.memory import estimate_memory
 from btk.planner.throughput import FITTED_CONSTANTS, ThroughputConstants, estimate_throughput
+from btk.profile import ModelArchitecture, RopeScaling
 
 POINTS_FILE = Path(__file__).with_name("calibration_points.json")
-PROFILE = "llama3.1-8b"
+MEASURED_ARCHITECTURE = ModelArchitecture(
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=128256,
+    max_context=131072,
+    rope_theta=500000.0,
+    rope_scaling=RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+    ),
+)
+"""Llama 3.1 8B, the model every calibration point ran: part of the evidence, not of the user's ``profiles/``."""
 PRIOR_WEIGHT = 0.02
 GPU_FAMILIES = {"hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"), "blackwell": ("B200",), "ampere": ("A100_80GB",)}
 MEGATRON_ENGINE = 1.590
@@ -149,7 +162,7 @@ def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> fl
         non_matmul_overhead=Fact(params.overhead[point.family], "fit", "fit"),
     )
     system = dataclasses.replace(point.system, gpu=gpu)
-    arch = get_profile(PROFILE).architecture
+    arch = MEASURED_ARCHITECTURE
     tokens = estimate_throughput(arch, point.knobs, system, point.nodes, params.constants).tokens_per_second_per_gpu
     if point.engine == "megatron":
         tokens *= params.megatron_engine
@@ -160,7 +173,7 @@ def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> fl
 
 def predict_memory_gib(point: CalibrationPoint) -> float:
     """Peak memory as the memory model predicts it (nothing in it is fitted)."""
-    arch = get_profile(PROFILE).architecture
+    arch = MEASURED_ARCHITECTURE
     system = point.system
     return estimate_memory(arch, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib).total
 

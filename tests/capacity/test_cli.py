@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import fixture_catalog
 import pytest
 from capacity_fixtures import ACCOUNT, AZ, REGION, START, StubbedSageMaker, described_plan, offering, plan_arn
 
@@ -42,8 +43,7 @@ SEARCH = {
 
 @pytest.fixture(autouse=True)
 def environments(monkeypatch: pytest.MonkeyPatch, stubbed_sagemaker: StubbedSageMaker) -> None:
-    real = catalog.all_environments()
-    monkeypatch.setattr(catalog, "all_environments", lambda: {**real, "burst": RESERVE_ENV, "team": EXISTING_ENV})
+    fixture_catalog.install(monkeypatch, RESERVE_ENV, EXISTING_ENV)
     monkeypatch.setattr(capacity, "sagemaker_client", lambda region: stubbed_sagemaker.client)
 
 

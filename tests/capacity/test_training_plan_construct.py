@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+import fixture_catalog
 import pytest
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
@@ -343,7 +344,9 @@ def test_grant_describe_scopes_to_the_plan() -> None:
     )
 
 
-def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter() -> None:
+def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from aws_cdk import aws_ec2 as ec2
     from aws_cdk import aws_iam as iam
     from aws_cdk import aws_kms as kms
@@ -355,6 +358,7 @@ def test_plan_arn_becomes_the_default_of_the_pipelines_training_plan_parameter()
     from training_constructs.pipeline import PipelineResources, TrainingPipelines, TrainingPipelinesProps
     from training_constructs.pipeline_definition import PARAM_TRAINING_PLAN_ARN
 
+    fixture_catalog.install(monkeypatch)  # planned_profiles looks the profile up in the catalog
     env_config = environment(RESERVE, profiles=("llama3.2-1b",), data_stage=DataStageConfig(mode="s3"))
     stack = cdk.Stack(cdk.App(), "Wired", env=cdk.Environment(account=ACCOUNT, region=REGION))
     key = kms.Key(stack, "Key")

@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import fixture_catalog
 import pytest
 
 from btk.cli import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _fixture_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_catalog.install(monkeypatch)
 
 
 def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

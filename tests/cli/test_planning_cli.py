@@ -1,4 +1,4 @@
-"""The `btk` planning commands: output, JSON shape, plots and one-line errors (exit 2)."""
+"""The `btk` planning commands on the fixture catalog: output, JSON shape, plots and one-line errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fixture_catalog
 import pytest
+from cli_run import run
 
-from btk.catalog import all_environments
-from btk.cli import main
+from btk.catalog import all_profiles
 from btk.cli.arguments import max_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_profiles_table_lists_catalog(capsys: pytest.CaptureFixture[str]) -> None:
-    from btk.catalog import all_profiles
-
-    code, out, _ = run(capsys, "profiles")
-    assert code == 0
-    for name in all_profiles():
-        assert name in out
+@pytest.fixture(autouse=True)
+def _fixture_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_catalog.install(monkeypatch)
 
 
 def test_plan_json_matches_planner(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,13 +42,6 @@ def test_plan_text_shows_baseline_and_reasons(capsys: pytest.CaptureFixture[str]
     assert "legacy baseline" in out and "speed-up over the legacy baseline" in out and "why:" in out
 
 
-@pytest.mark.parametrize("env", sorted(all_environments()))
-def test_plan_env_plans_every_profile(capsys: pytest.CaptureFixture[str], env: str) -> None:
-    code, out, _ = run(capsys, "plan", "--env", env, "--format", "json")
-    assert code == 0
-    assert [p["profile"] for p in json.loads(out)] == list(all_environments()[env].profiles)
-
-
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -79,18 +60,6 @@ def test_plot_path_goes_to_stderr_under_json(capsys: pytest.CaptureFixture[str],
     assert err == f"plot written to {target}\n"
 
 
-def test_plan_env_plot_draws_every_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    env = max(all_environments().values(), key=lambda e: len(e.profiles))
-    code, out, _ = run(capsys, "plan", "--env", env.name, "--plot", str(tmp_path / "env.png"))
-    assert code == 0
-    expected = (
-        [tmp_path / f"env-{name}.png" for name in env.profiles] if len(env.profiles) > 1 else [tmp_path / "env.png"]
-    )
-    for path in expected:
-        assert path.read_bytes()[:8] == PNG
-        assert f"plot written to {path}" in out.splitlines()
-
-
 def test_compare_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     target = tmp_path / "compare.png"
     code, out, _ = run(capsys, "compare", "llama3.2-1b", "--instances", "p5,b200", "--plot", str(target))
@@ -106,18 +75,6 @@ def test_plot_labels_name_every_knob_that_differs() -> None:
     labels = knob_labels([full, full.model_copy(update={"sharding": "no_shard"})])
     assert len(set(labels)) == 2 and "full_shard" in labels[0] and "no_shard" in labels[1]
     assert "mb" not in labels[0]  # the same in both: left out
-
-
-def test_plan_profile_on_an_environment_uses_its_cluster(capsys: pytest.CaptureFixture[str]) -> None:
-    from btk.hardware import get_instance_type
-
-    env = next(iter(all_environments().values()))
-    profile = env.profiles[0]
-    code, out, _ = run(capsys, "plan", profile, "--env", env.name, "--format", "json")
-    assert code == 0
-    data = json.loads(out)
-    assert data["profile"] == profile and data["nodes"] == env.instance_count
-    assert data["instance_type"] == get_instance_type(env.instance_type).name
 
 
 def test_plan_json_carries_the_cost_of_total_tokens_and_the_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
@@ -297,8 +254,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
 
 
 def test_console_script_does_not_import_cdk_torch_boto3_or_sagemaker() -> None:
+    profile = next(iter(all_profiles()))  # a subprocess: the user's catalog, not the fixtures
     code = (
-        "import sys; from btk.cli import main; main(['plan', 'llama3.1-8b', '--format', 'json']); "
+        f"import sys; from btk.cli import main; main(['plan', {profile!r}, '--format', 'json']); "
         "heavy = [m for m in ('aws_cdk', 'torch', 'boto3', 'sagemaker', 'matplotlib') if m in sys.modules]; "
         "sys.stderr.write(repr(heavy))"
     )
@@ -330,32 +288,3 @@ def test_an_invalid_user_profile_is_one_line_naming_the_field(tmp_path: Path) ->
     assert "num_attention_heads (3) must divide hidden_size (1000)" in result.stderr
 
 
-def test_readme_sample_plan_is_current(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's `btk plan llama3.1-8b` excerpt is what the command prints today."""
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("`btk plan llama3.1-8b` (abridged):")
-    block = readme[readme.index("```\n", start) + 4 : readme.index("\n```", readme.index("```\n", start) + 4)]
-    code, out, _ = run(capsys, "plan", "llama3.1-8b")
-    assert code == 0
-    printed = out.splitlines()
-    stale = [line for line in block.splitlines() if line.strip() != "..." and line not in printed]
-    assert not stale, f"README sample is stale, paste the new output: {stale}"
-
-
-def test_readme_add_a_profile_example_plans() -> None:
-    """The README's profile example, run in profiles/llama.py's namespace, gives a plannable profile."""
-    import profiles.llama as llama
-    from btk import profile as profile_module
-    from btk.hardware import get_instance_type
-    from btk.planner.search import plan_profile
-
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Add a model profile") :]
-    start = section.index("```python\n") + len("```python\n")
-    code = section[start : section.index("\n```", start)]
-    namespace = dict(vars(llama)) | {"KnobPins": profile_module.KnobPins}
-    exec(compile(code, "README.md", "exec"), namespace)
-    added = namespace["LLAMA31_8B_LONG"]
-    assert added in namespace["PROFILES"] and added.name == "llama3.1-8b-32k"
-    plan = plan_profile(added, get_instance_type("ml.p6-b200.48xlarge"), 1)
-    assert plan.knobs.precision == "bf16" and plan.knobs.seq_len == 32768

@@ -101,7 +101,7 @@ def test_malformed_hyperparameters_give_one_line_naming_the_field(key: str, valu
 
 
 def test_missing_architecture_field_is_named_with_its_prefix() -> None:
-    profile = all_profiles()["llama3.2-1b"]
+    profile = min(all_profiles().values(), key=lambda candidate: candidate.parameter_count)
     spec = JobHyperparameters(
         knobs=TrainingKnobs(micro_batch_size=1, seq_len=128),
         architecture=profile.architecture,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fixture_catalog import PROFILES
 
-from btk.catalog import get_profile
 from btk.hardware import get_instance_type
 from btk.planner.compare import compare_instance, compare_instances
 from btk.planner.render import render_compare
@@ -26,7 +26,7 @@ FITTING_KEYS = [
 
 
 def test_a_fitting_row_carries_the_plan_rounded_as_documented() -> None:
-    profile, instance = get_profile("llama3.1-8b"), get_instance_type("ml.p6-b200.48xlarge")
+    profile, instance = PROFILES["llama3.1-8b"], get_instance_type("ml.p6-b200.48xlarge")
     row = compare_instance(profile, instance, 1)
     plan = plan_profile(profile, instance, 1)
     assert row.fits and row.planned is not None and row.reason is None
@@ -48,7 +48,7 @@ def test_plan_and_compare_print_the_same_figures_the_same_way(instance_name: str
     """One value, one formatting: the MFU and speed `btk plan` prints are the ones `btk compare` prints."""
     from btk.planner.render import format_mfu, format_speed, render_plan
 
-    profile, instance = get_profile("llama3.1-8b"), get_instance_type(instance_name)
+    profile, instance = PROFILES["llama3.1-8b"], get_instance_type(instance_name)
     plan = plan_profile(profile, instance, 1)
     row = compare_instance(profile, instance, 1)
     assert row.planned is not None
@@ -63,7 +63,7 @@ def test_plan_and_compare_print_the_same_figures_the_same_way(instance_name: str
 
 
 def test_a_row_that_does_not_fit_says_why() -> None:
-    row = compare_instance(get_profile("llama-65b"), get_instance_type("ml.p4de.24xlarge"), 1)
+    row = compare_instance(PROFILES["llama-65b"], get_instance_type("ml.p4de.24xlarge"), 1)
     assert not row.fits and row.planned is None
     assert row.to_json() == {
         "instance_type": "ml.p4de.24xlarge",
@@ -77,7 +77,7 @@ def test_a_row_that_does_not_fit_says_why() -> None:
 
 def test_the_table_keeps_every_row_in_line_when_one_does_not_fit() -> None:
     instances = [get_instance_type(name) for name in ("ml.p4de.24xlarge", "ml.p6-b200.48xlarge")]
-    lines = render_compare("llama-65b", 1, compare_instances(get_profile("llama-65b"), instances, 1)).splitlines()
+    lines = render_compare("llama-65b", 1, compare_instances(PROFILES["llama-65b"], instances, 1)).splitlines()
     assert lines[0] == "llama-65b on 1 node(s) of each instance type"
     header, rule, missing, fitting = lines[2:6]
     assert set(rule) == {"-"} and len(rule) == len(header)

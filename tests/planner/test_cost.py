@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fixture_catalog import PROFILES
 
-from btk.catalog import get_profile
 from btk.hardware import get_instance_type
 from btk.planner.cost import fee_per_billion_tokens, tokens_billion
 from btk.planner.search import plan_profile
@@ -20,7 +20,7 @@ def test_fee_per_billion_tokens_arithmetic() -> None:
 
 def test_on_demand_price_per_billion_tokens_is_an_hour_of_the_cluster_over_its_tokens() -> None:
     instance = get_instance_type("ml.p5.48xlarge")
-    estimate = plan_profile(get_profile("llama3.1-8b"), instance, 2).evaluation.estimate
+    estimate = plan_profile(PROFILES["llama3.1-8b"], instance, 2).evaluation.estimate
     hourly = instance.usd_per_hour.value * 2
     expected = fee_per_billion_tokens(hourly, estimate.tokens_per_second_per_gpu, 2 * instance.gpus_per_node, 1.0)
     assert estimate.usd_per_billion_tokens == pytest.approx(expected)

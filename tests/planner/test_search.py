@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from fixture_catalog import PROFILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,7 @@ def test_every_profile_plans_on_one_b200_node_or_explains(name: str) -> None:
 
 @pytest.mark.parametrize("name", SMALL_PROFILES)
 def test_small_models_on_b200_turn_checkpointing_off_and_beat_baseline(name: str) -> None:
-    plan = plan_profile(get_profile(name), B200, 1)
+    plan = plan_profile(PROFILES[name], B200, 1)
     assert plan.knobs.activation_checkpointing == "none"
     assert plan.baseline is not None
     assert plan.baseline.knobs.activation_checkpointing == "full"
@@ -45,12 +46,12 @@ def test_small_models_on_b200_turn_checkpointing_off_and_beat_baseline(name: str
 
 
 def test_plans_are_deterministic() -> None:
-    profile = get_profile("qwen2.5-14b")
+    profile = PROFILES["qwen2.5-14b"]
     assert plan_profile(profile, B200, 2).to_json() == plan_profile(profile, B200, 2).to_json()
 
 
 def test_plan_json_has_documented_shape() -> None:
-    data = plan_profile(get_profile("llama3.1-8b"), B200, 1).to_json()
+    data = plan_profile(PROFILES["llama3.1-8b"], B200, 1).to_json()
     assert {
         "profile",
         "instance_type",
@@ -86,13 +87,13 @@ def test_plan_json_has_documented_shape() -> None:
 
 
 def test_mxfp8_is_rejected_on_hopper_with_one_line() -> None:
-    profile = get_profile("llama3.1-8b").model_copy(update={"pinned": KnobPins(precision="mxfp8")})
+    profile = PROFILES["llama3.1-8b"].model_copy(update={"pinned": KnobPins(precision="mxfp8")})
     with pytest.raises(InfeasiblePlanError, match=r"precision mxfp8 is not supported on ml.p5.48xlarge"):
         plan_profile(profile, get_instance_type("ml.p5.48xlarge"), 1)
 
 
 def test_infeasible_pin_names_what_overflows_and_by_how_much() -> None:
-    profile = get_profile("qwen2.5-32b").model_copy(
+    profile = PROFILES["qwen2.5-32b"].model_copy(
         update={"pinned": KnobPins(activation_checkpointing="none", micro_batch_size=4, tensor_parallel=1)}
     )
     with pytest.raises(InfeasiblePlanError) as error:
@@ -125,7 +126,7 @@ pins_strategy = st.builds(
     pins=pins_strategy,
 )
 def test_plans_respect_budget_and_pins(name: str, instance_name: str, nodes: int, pins: KnobPins) -> None:
-    profile = get_profile(name).model_copy(update={"pinned": pins})
+    profile = PROFILES[name].model_copy(update={"pinned": pins})
     instance = get_instance_type(instance_name)
     try:
         plan = plan_profile(profile, instance, nodes)
@@ -145,7 +146,7 @@ def test_plans_respect_budget_and_pins(name: str, instance_name: str, nodes: int
     extra=st.floats(0.5, 100),
 )
 def test_more_hbm_never_yields_a_slower_best_plan(name: str, low: float, extra: float) -> None:
-    profile = get_profile(name)
+    profile = PROFILES[name]
     small, large = _with_hbm(B200, low), _with_hbm(B200, low + extra)
     try:
         small_plan = plan_profile(profile, small, 1)
@@ -160,18 +161,18 @@ def test_more_hbm_never_yields_a_slower_best_plan(name: str, low: float, extra: 
 
 def test_evaluate_reports_overflow_without_raising() -> None:
     knobs = TrainingKnobs(micro_batch_size=8, seq_len=8192, activation_checkpointing="none")
-    evaluation = evaluate_knobs(get_profile("qwen2.5-32b"), get_instance_type("ml.p5.48xlarge"), 1, knobs)
+    evaluation = evaluate_knobs(PROFILES["qwen2.5-32b"], get_instance_type("ml.p5.48xlarge"), 1, knobs)
     assert not evaluation.fits and evaluation.memory.total > evaluation.budget_gib
 
 
 def test_hybrid_shard_needs_two_nodes() -> None:
     knobs = TrainingKnobs(micro_batch_size=1, seq_len=8192, sharding="hybrid_shard")
     with pytest.raises(InfeasiblePlanError, match="hybrid_shard needs at least 2 nodes"):
-        evaluate_knobs(get_profile("llama3.1-8b"), B200, 1, knobs)
+        evaluate_knobs(PROFILES["llama3.1-8b"], B200, 1, knobs)
 
 
 def test_hybrid_shard_beats_full_shard_across_nodes_for_small_batches() -> None:
-    profile = get_profile("llama3.1-8b")
+    profile = PROFILES["llama3.1-8b"]
     base = dict(micro_batch_size=1, seq_len=8192, gradient_accumulation_steps=1, activation_checkpointing="none")
     full = evaluate_knobs(profile, B200, 4, TrainingKnobs(**base, sharding="full_shard"))  # type: ignore[arg-type]
     hybrid = evaluate_knobs(profile, B200, 4, TrainingKnobs(**base, sharding="hybrid_shard"))  # type: ignore[arg-type]
@@ -187,7 +188,7 @@ def _with_speed_and_memory(evaluation: Evaluation, speed: float, memory: float) 
 
 
 def _constructed(*speed_and_memory: tuple[float, float]) -> list[Evaluation]:
-    base = evaluate_knobs(get_profile("llama3.2-1b"), B200, 1, TrainingKnobs(micro_batch_size=1, seq_len=8192))
+    base = evaluate_knobs(PROFILES["llama3.2-1b"], B200, 1, TrainingKnobs(micro_batch_size=1, seq_len=8192))
     return [_with_speed_and_memory(base, speed, memory) for speed, memory in speed_and_memory]
 
 
@@ -208,7 +209,7 @@ def test_equal_speed_and_memory_keep_the_fixed_candidate_order() -> None:
 
 
 def test_the_plan_is_the_documented_choice_among_its_feasible_candidates() -> None:
-    plan = plan_profile(get_profile("llama3.1-8b"), get_instance_type("ml.p5.48xlarge"), 1)
+    plan = plan_profile(PROFILES["llama3.1-8b"], get_instance_type("ml.p5.48xlarge"), 1)
     feasible = [candidate for candidate in plan.candidates if candidate.fits]
     fastest = max(candidate.estimate.tokens_per_second_per_gpu for candidate in feasible)
     tied = [c for c in feasible if c.estimate.tokens_per_second_per_gpu >= fastest * (1 - SPEED_RESOLUTION)]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fixture_catalog import PROFILES
 
-from btk.catalog import get_profile
 from btk.environment import OnDemandCapacity, ReservePlanCapacity
 from btk.hardware import get_instance_type
 from btk.planner.cost import (
@@ -52,7 +52,7 @@ def test_an_environment_reserving_plans_sets_their_length() -> None:
 
 
 def test_plan_carries_the_cost_of_its_total_tokens_or_says_there_is_none() -> None:
-    profile, instance = get_profile("llama3.1-8b"), get_instance_type("ml.p6-b200.48xlarge")
+    profile, instance = PROFILES["llama3.1-8b"], get_instance_type("ml.p6-b200.48xlarge")
     plan = plan_profile(profile, instance, 2)
     cost = plan.training_cost()
     if profile.training.total_tokens is None:
@@ -67,7 +67,7 @@ def test_plan_carries_the_cost_of_its_total_tokens_or_says_there_is_none() -> No
 
 
 def test_without_total_tokens_the_plan_says_so() -> None:
-    profile = get_profile("llama3.2-1b")
+    profile = PROFILES["llama3.2-1b"]
     training = TrainingIntent(
         seq_len=profile.training.seq_len, global_batch_tokens=profile.training.global_batch_tokens
     )
@@ -77,7 +77,7 @@ def test_without_total_tokens_the_plan_says_so() -> None:
 
 
 def test_a_rounded_global_batch_is_said_in_the_text_and_the_json() -> None:
-    profile = get_profile("llama3.1-8b")
+    profile = PROFILES["llama3.1-8b"]
     training = profile.training.model_copy(update={"global_batch_tokens": 4_000_000})
     plan = plan_profile(profile.model_copy(update={"training": training}), get_instance_type("ml.p5.48xlarge"), 1)
     batch = plan.global_batch

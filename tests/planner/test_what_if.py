@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fixture_catalog import PROFILES
 
-from btk.catalog import get_profile
 from btk.errors import InfeasiblePlanError
 from btk.hardware import get_instance_type
 from btk.planner.search import plan_profile, what_if
@@ -14,7 +14,7 @@ P5 = get_instance_type("ml.p5.48xlarge")
 
 
 def test_no_change_is_the_plan() -> None:
-    profile = get_profile("llama3.1-8b")
+    profile = PROFILES["llama3.1-8b"]
     result = what_if(profile, P5, 2, {})
     plan = plan_profile(profile, P5, 2)
     assert result.start == "plan" and not result.accumulation_recomputed
@@ -23,7 +23,7 @@ def test_no_change_is_the_plan() -> None:
 
 def test_where_no_plan_fits_it_starts_from_micro_batch_one_with_the_pins() -> None:
     pins = KnobPins(activation_checkpointing="none", micro_batch_size=64)
-    profile = get_profile("llama3.1-8b").model_copy(update={"pinned": pins})
+    profile = PROFILES["llama3.1-8b"].model_copy(update={"pinned": pins})
     with pytest.raises(InfeasiblePlanError):
         plan_profile(profile, P5, 1)
     result = what_if(profile, P5, 1, {})
@@ -33,7 +33,7 @@ def test_where_no_plan_fits_it_starts_from_micro_batch_one_with_the_pins() -> No
 
 
 def test_an_unreachable_global_batch_is_one_line_naming_the_fix() -> None:
-    base = get_profile("llama3.1-8b")
+    base = PROFILES["llama3.1-8b"]
     training = base.training.model_copy(update={"global_batch_tokens": 16_777_216})
     profile = base.model_copy(update={"training": training})
     # 16 Mi tokens in micro-batches of 1 x 16 tokens on 8 GPUs: 131,072 steps

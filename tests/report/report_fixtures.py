@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from btk.catalog import get_profile
+import fixture_catalog
+
 from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.profile import ModelArchitecture
@@ -81,7 +82,7 @@ def june(day: int, hour: int = 0, minute: int = 0) -> datetime:
 
 
 def hyperparameters(profile: str, knobs: TrainingKnobs) -> dict[str, str]:
-    spec = get_profile(profile)
+    spec = fixture_catalog.PROFILES[profile]
     return to_hyperparameters(
         JobHyperparameters(
             knobs=knobs, architecture=spec.architecture, training=spec.training, job=JobSettings(profile=profile)

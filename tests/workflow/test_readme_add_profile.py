@@ -30,8 +30,8 @@ ENVIRONMENT_NAME = "staging"
 # The tests whose expectations come from profiles/ and environments.py.
 CONFIG_TESTS = (
     "tests/core/test_profiles.py",
-    "tests/cli/test_planning_cli.py::test_profiles_table_lists_catalog",
-    "tests/cli/test_planning_cli.py::test_plan_env_plans_every_profile",
+    "tests/cli/test_user_config_cli.py::test_profiles_table_lists_catalog",
+    "tests/cli/test_user_config_cli.py::test_plan_env_plans_every_profile",
     "tests/infra/test_infra_environments.py",
     "tests/ci/test_ci_workflows.py",
     "tests/pipeline/test_pipeline_definition.py",
