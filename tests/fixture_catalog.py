@@ -10,6 +10,9 @@ looks names up; tests that take a profile directly use :data:`PROFILES`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from btk import catalog
@@ -118,3 +121,11 @@ def install(monkeypatch: pytest.MonkeyPatch, *extra: EnvironmentConfig) -> None:
     environments = {**ENVIRONMENTS, **{env.name: env for env in extra}}
     monkeypatch.setattr(catalog, "all_profiles", lambda: dict(PROFILES))
     monkeypatch.setattr(catalog, "all_environments", lambda: dict(environments))
+
+
+@contextmanager
+def installed(*extra: EnvironmentConfig) -> Iterator[None]:
+    """:func:`install` for a module-scoped fixture, which outlives one test's ``monkeypatch``."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        install(monkeypatch, *extra)
+        yield

@@ -4,9 +4,11 @@
 #   run(command="bash containers/bench/run_h200.sh", carry=[".whl"], timeout_s=480)
 #
 # Prepare once on the dev machine: containers/bench/fetch_wheels.sh (pydantic + torchao -> .whl/).
-# Measures llama3.2-3b then llama3.2-1b: bf16 and fp8_tensorwise with the planner's knobs for a
-# 1-GPU ml.p5en.48xlarge (H200), then planner's choice vs legacy baseline; the planner's
-# prediction sits beside each. Writes $OUT/results.json, $OUT/performance.md, $OUT/bench.log,
+# Measures the profiles of BENCH_PROFILES (space-separated names from profiles/; default
+# "llama3.2-3b llama3.2-1b", the shipped example's), in order: bf16 and fp8_tensorwise with the
+# planner's knobs for a 1-GPU ml.p5en.48xlarge (H200), then planner's choice vs legacy
+# baseline; the planner's prediction sits beside each. `--profile NAME` arguments replace
+# BENCH_PROFILES. Writes $OUT/results.json, $OUT/performance.md, $OUT/bench.log,
 # $OUT/env.txt. Finishes in < 6 minutes: cases that would start after BUDGET seconds are
 # skipped (and say so), and a hard timeout stops the rest.
 # Extra arguments go to the benchmark (e.g. `--tiny --device cpu --warmup 1 --steps 2` on CPU).
@@ -20,6 +22,12 @@ BUDGET="${BUDGET:-250}"
 HARD_LIMIT="${HARD_LIMIT:-320}"
 WHEELS="${WHEELS:-.whl}"  # py3.12 wheels from fetch_wheels.sh; none: use what is installed
 SITE="${SITE:-/tmp/btk-site}"
+read -r -a profiles <<<"${BENCH_PROFILES:-llama3.2-3b llama3.2-1b}"
+profile_args=()
+case " $* " in
+  *" --profile "* | *" --profile="*) ;;  # the arguments name the profiles
+  *) for name in "${profiles[@]}"; do profile_args+=(--profile "$name"); done ;;
+esac
 
 if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   # torchao 0.17 pairs with the machine's torch 2.11; fall back to whatever torchao $WHEELS holds.
@@ -51,7 +59,7 @@ PY
 cat "$OUT/env.txt"
 
 timeout --signal=TERM "$HARD_LIMIT" "$PY" -m btk_trainer.bench \
-  --profile llama3.2-3b --profile llama3.2-1b \
+  "${profile_args[@]}" \
   --instance ml.p5en.48xlarge --gpus 1 \
   --precision bf16 --precision fp8_tensorwise --compare \
   --warmup 3 --steps 6 --budget-seconds "$BUDGET" \

@@ -1,14 +1,18 @@
-"""CiAccessStack: who can assume each role (trust) and what each role can do (policy)."""
+"""CiAccessStack: who can assume each role (trust) and what each role can do (policy).
+
+Machinery: the stack is built for the fixture environments (``tests/fixture_catalog.py``);
+only the slow ``cdk synth`` check goes through ``app.py`` with the user's ``environments.py``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import fixture_catalog as fc
 import pytest
 from aws_cdk import App, Environment
 
-import environments
-from btk.catalog import get_environment
+from btk.catalog import all_environments, default_environment_name, get_environment
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
 from stacks.ci_access_stack import (
@@ -25,6 +29,8 @@ ACCOUNT = "123456789012"
 REPO = "acme-ml/blackwell-training-kit"
 OIDC = "token.actions.githubusercontent.com"
 PROVIDER_ARN = f"arn:aws:iam::{ACCOUNT}:oidc-provider/{OIDC}"
+#: The fixture dev / staging / prod ladder the stack is built for.
+ENVIRONMENTS = tuple(fc.ENVIRONMENTS.values())
 
 
 def synth(props: CiAccessProps) -> dict[str, Any]:
@@ -72,7 +78,7 @@ def as_list(value: Any) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return synth(CiAccessProps(environments=environments.ENVIRONMENTS, github_repo=REPO))
+    return synth(CiAccessProps(environments=ENVIRONMENTS, github_repo=REPO))
 
 
 def test_creates_the_github_oidc_provider_for_sts(template: dict[str, Any]) -> None:
@@ -81,7 +87,7 @@ def test_creates_the_github_oidc_provider_for_sts(template: dict[str, Any]) -> N
     assert provider["Properties"]["ClientIdList"] == ["sts.amazonaws.com"]
 
 
-@pytest.mark.parametrize("env", environments.ENVIRONMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("env", ENVIRONMENTS, ids=lambda e: e.name)
 def test_deploy_role_trusts_only_this_repository_and_environment(template: dict[str, Any], env: Any) -> None:
     _, role = role_named(template, f"btk-github-deploy-{env.name}")
     (statement,) = role["AssumeRolePolicyDocument"]["Statement"]
@@ -94,7 +100,7 @@ def test_deploy_role_trusts_only_this_repository_and_environment(template: dict[
     assert role["MaxSessionDuration"] == 7200
 
 
-@pytest.mark.parametrize("env", environments.ENVIRONMENTS, ids=lambda e: e.name)
+@pytest.mark.parametrize("env", ENVIRONMENTS, ids=lambda e: e.name)
 def test_deploy_role_can_only_assume_the_cdk_bootstrap_roles(template: dict[str, Any], env: Any) -> None:
     logical_id, role = role_named(template, f"btk-github-deploy-{env.name}")
     assert "ManagedPolicyArns" not in role and "Policies" not in role and "PermissionsBoundary" not in role
@@ -112,7 +118,7 @@ def test_deploy_role_can_only_assume_the_cdk_bootstrap_roles(template: dict[str,
 
 def test_no_two_deploy_roles_may_assume_the_same_bootstrap_role(template: dict[str, Any]) -> None:
     assumable: dict[str, set[str]] = {}
-    for env in environments.ENVIRONMENTS:
+    for env in ENVIRONMENTS:
         logical_id, _ = role_named(template, f"btk-github-deploy-{env.name}")
         (policy,) = policies_of(template, logical_id)
         (statement,) = policy["PolicyDocument"]["Statement"]
@@ -132,7 +138,7 @@ def test_diff_role_trusts_pull_requests_and_only_reads_training_stack_templates(
     assert sorted(as_list(statement["Action"])) == sorted(DIFF_ACTIONS)
     assert not any(a.startswith("sts:") for a in as_list(statement["Action"]))
     expected = []
-    for env in environments.ENVIRONMENTS:
+    for env in ENVIRONMENTS:
         base = f"arn:aws:cloudformation:{env.region}:{ACCOUNT}:stack/{env.stack_name}"
         expected += [f"{base}/*", f"{base}-*/*"]
     assert sorted(resolve(as_list(statement["Resource"]))) == sorted(expected)
@@ -140,13 +146,13 @@ def test_diff_role_trusts_pull_requests_and_only_reads_training_stack_templates(
 
 def test_outputs_name_where_each_arn_goes(template: dict[str, Any]) -> None:
     descriptions = [o["Description"] for o in template["Outputs"].values()]
-    for env in environments.ENVIRONMENTS:
+    for env in ENVIRONMENTS:
         assert f"Set as variable DEPLOY_ROLE_ARN of GitHub Environment {env.name}" in descriptions
     assert any("DEV_DIFF_ROLE_ARN, STAGING_DIFF_ROLE_ARN, PROD_DIFF_ROLE_ARN" in d for d in descriptions)
 
 
 def test_an_existing_provider_is_imported_not_created() -> None:
-    template = synth(CiAccessProps(environments=environments.ENVIRONMENTS[:1], existing_provider_arn=PROVIDER_ARN,
+    template = synth(CiAccessProps(environments=ENVIRONMENTS[:1], existing_provider_arn=PROVIDER_ARN,
                                    diff_role=False))
     assert of_type(template, "AWS::IAM::OIDCProvider") == {}
     (role,) = of_type(template, "AWS::IAM::Role").values()
@@ -164,11 +170,11 @@ def test_an_existing_provider_is_imported_not_created() -> None:
         ({"github_repo": "just-a-name"}, "github_repo 'just-a-name' is not OWNER/NAME: pass -c github_repo="),
         ({"existing_provider_arn": "arn:aws:iam::123:oidc-provider/x"}, "is not a GitHub OIDC provider ARN"),
         ({"role_name_prefix": "has space"}, "role_name_prefix 'has space' is not usable in a role name"),
-        ({"environments": (environments.DEV, environments.DEV)}, "lists an environment twice: dev, dev"),
+        ({"environments": (fc.DEV, fc.DEV)}, "lists an environment twice: dev, dev"),
     ],
 )
 def test_bad_props_fail_with_one_line_naming_the_field(overrides: dict[str, Any], message: str) -> None:
-    values: dict[str, Any] = {"environments": environments.ENVIRONMENTS, **overrides}
+    values: dict[str, Any] = {"environments": ENVIRONMENTS, **overrides}
     with pytest.raises(BtkError, match=message.replace("(", r"\(")) as error:
         CiAccessProps(**values)
     assert "\n" not in str(error.value)
@@ -176,7 +182,7 @@ def test_bad_props_fail_with_one_line_naming_the_field(overrides: dict[str, Any]
 
 def _env(name: str, **values: Any) -> EnvironmentConfig:
     return EnvironmentConfig.model_validate(
-        {"name": name, "availability_zone": "us-east-1a", "profiles": ("llama3.2-1b",), **values}
+        {"name": name, "availability_zone": "us-east-1a", "profiles": (fc.LLAMA_1B.name,), **values}
     )
 
 
@@ -213,36 +219,36 @@ def test_environments_sharing_region_and_qualifier_are_refused() -> None:
 
 def test_ci_access_stack_deploys_through_its_first_environments_bootstrap() -> None:
     app = App()
-    stack = CiAccessStack(app, "CiAccessStack", props=CiAccessProps(environments=environments.ENVIRONMENTS),
+    stack = CiAccessStack(app, "CiAccessStack", props=CiAccessProps(environments=ENVIRONMENTS),
                           env=Environment(account=ACCOUNT, region="us-east-1"))
-    qualifier = environments.ENVIRONMENTS[0].bootstrap_qualifier
+    qualifier = ENVIRONMENTS[0].bootstrap_qualifier
     template = app.synth().get_stack_by_name(stack.stack_name).template
     assert template["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{qualifier}/version"
 
 
 def test_context_turns_the_stack_on_and_selects_environments() -> None:
-    assert ci_access_props_from_context({}, environments.ENVIRONMENTS) is None
-    assert ci_access_props_from_context({"ci_access": "false"}, environments.ENVIRONMENTS) is None
-    chosen = [env.name for env in environments.ENVIRONMENTS[-2:]]
+    assert ci_access_props_from_context({}, ENVIRONMENTS) is None
+    assert ci_access_props_from_context({"ci_access": "false"}, ENVIRONMENTS) is None
+    chosen = [env.name for env in ENVIRONMENTS[-2:]]
     props = ci_access_props_from_context(
         {"ci_access": "true", "ci_environments": ", ".join(chosen), "github_repo": REPO,
          "github_oidc_provider_arn": PROVIDER_ARN},
-        environments.ENVIRONMENTS,
+        ENVIRONMENTS,
     )
     assert props is not None
     assert [env.name for env in props.environments] == chosen
     assert props.github_repo == REPO and props.existing_provider_arn == PROVIDER_ARN
     with pytest.raises(BtkError, match=r"ci_environments names unknown environment\(s\) qa: use names from"):
-        context = {"ci_access": "true", "ci_environments": f"{environments.DEFAULT_ENVIRONMENT},qa"}
-        ci_access_props_from_context(context, environments.ENVIRONMENTS)
+        context = {"ci_access": "true", "ci_environments": f"{fc.DEV.name},qa"}
+        ci_access_props_from_context(context, ENVIRONMENTS)
 
 
 def test_the_app_only_gets_the_stack_when_asked() -> None:
-    assert add_ci_access_stack(App(), environments.ENVIRONMENTS) is None
+    assert add_ci_access_stack(App(), ENVIRONMENTS) is None
     app = App(context={"ci_access": "true", "github_repo": REPO, "account": ACCOUNT})
-    stack = add_ci_access_stack(app, environments.ENVIRONMENTS)
+    stack = add_ci_access_stack(app, ENVIRONMENTS)
     assert stack is not None and stack.account == ACCOUNT
-    assert sorted(stack.deploy_roles) == sorted(env.name for env in environments.ENVIRONMENTS)
+    assert sorted(stack.deploy_roles) == sorted(env.name for env in ENVIRONMENTS)
 
 
 @pytest.mark.slow
@@ -250,16 +256,17 @@ def test_cdk_app_adds_the_stack_only_with_ci_access_context(tmp_path: Any) -> No
     """`cdk synth CiAccessStack -c ci_access=true ...` goes through app.build_app, cdk-nag included."""
     from app import build_app
 
-    context = {"env": environments.DEFAULT_ENVIRONMENT, "ci_access": "true", "github_repo": REPO}
+    default = default_environment_name()
+    context = {"env": default, "ci_access": "true", "github_repo": REPO}
     app = build_app(context, outdir=str(tmp_path / "on"))
     assembly = app.synth()  # cdk-nag runs over both stacks; an unacknowledged finding raises
     template = assembly.get_stack_by_name("CiAccessStack").template
-    assert len(of_type(template, "AWS::IAM::Role")) == len(environments.ENVIRONMENTS) + 1
+    assert len(of_type(template, "AWS::IAM::Role")) == len(all_environments()) + 1
 
-    app = build_app({"env": environments.DEFAULT_ENVIRONMENT}, outdir=str(tmp_path / "off"))
+    app = build_app({"env": default}, outdir=str(tmp_path / "off"))
     assert app.node.try_find_child("CiAccessStack") is None
     assert app.node.try_find_child("TrainingStack") is not None
     # TrainingStack deploys through its environment's own bootstrap (roles, bucket, repository).
-    env = get_environment(environments.DEFAULT_ENVIRONMENT)
+    env = get_environment(default)
     training = assembly.get_stack_by_name(env.stack_name).template
     assert training["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{env.bootstrap_qualifier}/version"

@@ -1,4 +1,10 @@
-"""The GitHub Actions workflows: deploy chain per environment, OIDC, pins, PR synth/diff, actionlint."""
+"""The GitHub Actions workflows: deploy chain per environment, OIDC, pins, PR synth/diff, actionlint.
+
+The deploy tests check ``.github/workflows/deploy.yml`` against ``environments.py``: that
+workflow is written for the shipped dev / staging / prod example, so they are checks of the
+shipped example, and a user who changes the environments updates the workflow with them
+(docs/ci.md). The checks workflow's environment matrix is derived from ``environments.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The pure definition builder: validation errors, offline build, SDK gaps, names."""
+"""The pure definition builder: validation errors, offline build, SDK gaps, names.
+
+Machinery: the specs are built from the fixture environments and profiles
+(``tests/fixture_catalog.py``), never from the user's ``environments.py`` or ``profiles/``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,9 @@ import socket
 from dataclasses import replace
 from typing import Any
 
+import fixture_catalog as fc
 import pytest
 
-import environments
-from btk.catalog import all_profiles, get_profile
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs
 from btk.naming import environment_prefix, job_name_prefix, pipeline_name
@@ -25,14 +28,14 @@ from training_constructs.pipeline_definition import (
 )
 
 # A profile outside staging, to check that a spec refuses it.
-OUTSIDE_STAGING = next(name for name in sorted(all_profiles()) if name not in environments.STAGING.profiles)
+OUTSIDE_STAGING = next(name for name in sorted(fc.PROFILES) if name not in fc.STAGING.profiles)
 KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 
 
 def _spec(**changes: Any) -> PipelineSpec:
-    profile = get_profile(environments.STAGING.profiles[0])
+    profile = fc.PROFILES[fc.STAGING.profiles[0]]
     spec = PipelineSpec(
-        environment=environments.STAGING,
+        environment=fc.STAGING,
         profile=profile,
         knobs=TrainingKnobs(micro_batch_size=2, seq_len=profile.training.seq_len),
         image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/btk:1",
@@ -74,7 +77,7 @@ def test_every_name_of_an_environment_starts_with_its_prefix(env_name: str, prof
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"profile": get_profile(OUTSIDE_STAGING)}, f"profile '{OUTSIDE_STAGING}' is not in environment 'staging'"),
+        ({"profile": fc.PROFILES[OUTSIDE_STAGING]}, f"profile '{OUTSIDE_STAGING}' is not in environment 'staging'"),
         ({"role_arn": "exec-role"}, "role_arn 'exec-role' must be an IAM role ARN"),
         ({"checkpoint_s3_uri": "/tmp/ckpt"}, "checkpoint_s3_uri '/tmp/ckpt' must be an s3:// URI"),
         ({"image_uri": ""}, "pipeline image_uri is empty"),
@@ -90,7 +93,7 @@ def test_bad_input_is_one_line_naming_the_field(changes: dict[str, Any], message
 
 
 def test_s3_env_rejects_fsx_channel() -> None:
-    spec = _spec(environment=environments.DEV)
+    spec = _spec(environment=fc.DEV)
     with pytest.raises(BtkError, match=r"uses data_stage\.mode=s3: pass S3TrainingData"):
         build_pipeline_definition(spec)
 
@@ -116,7 +119,7 @@ def test_same_spec_same_bytes() -> None:
 def test_volume_key_only_where_the_instance_has_ebs() -> None:
     nvme = _train(build_pipeline_definition(_spec()))
     assert "VolumeKmsKeyId" not in nvme["ResourceConfig"]
-    ebs_env = environments.STAGING.model_copy(update={"instance_type": "ml.p3.16xlarge"})
+    ebs_env = fc.STAGING.model_copy(update={"instance_type": "ml.p3.16xlarge"})
     ebs = _train(build_pipeline_definition(_spec(environment=ebs_env)))
     assert ebs["ResourceConfig"]["VolumeKmsKeyId"] == KEY
     assert ebs["ResourceConfig"]["VolumeSizeInGB"] == 500
@@ -136,8 +139,8 @@ def test_existing_plan_default_and_on_plan_branch_has_no_spot() -> None:
 
 
 def test_prod_multi_node_encrypts_inter_node_traffic() -> None:
-    prod = environments.PROD.model_copy(update={"instance_count": 2, "inter_container_encryption": True})
-    profile = get_profile(prod.profiles[-1])
+    prod = fc.PROD.model_copy(update={"instance_count": 2, "inter_container_encryption": True})
+    profile = fc.PROFILES[prod.profiles[-1]]
     spec = _spec(environment=prod, profile=profile, knobs=TrainingKnobs(micro_batch_size=1, seq_len=4096))
     definition = build_pipeline_definition(spec)
     arguments = _train(definition)

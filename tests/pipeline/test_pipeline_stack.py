@@ -1,18 +1,22 @@
-"""TrainingPipelines + TrainingObservability synthesized in a test stack (cdk-nag on)."""
+"""TrainingPipelines + TrainingObservability synthesized in a test stack (cdk-nag on).
+
+Machinery: the stacks are built for the fixture environments, with :mod:`btk.catalog` pointed
+at the fixture profiles (``tests/fixture_catalog.py``), never at the user's config.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import botocore.session
+import fixture_catalog as fc
 import pipeline_fixtures as fx
 import pytest
 from botocore.validate import validate_parameters
 
-import environments
-from btk.catalog import all_profiles, get_profile
 from btk.environment import SPOT_WAIT_FACTOR, EnvironmentConfig
 from btk.hardware import INSTANCE_TYPES, get_instance_type
 from btk.hyperparameters import from_hyperparameters
@@ -36,33 +40,40 @@ from training_constructs.pipeline_definition import (
     STEP_TRAIN_ON_PLAN,
 )
 
-# The user's environments with an FSx data stage and an S3 one: names and profiles come from them.
-STAGING, DEV = environments.STAGING, environments.DEV
+# Fixture environments with an FSx data stage and an S3 one: names and profiles come from them.
+STAGING, DEV = fc.STAGING, fc.DEV
 PLAN_ARN = f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-plan/btk-test-plan"
 
 
-@pytest.fixture(scope="module")
-def staging() -> dict[str, Any]:
-    return fx.synth(environments.STAGING)
+@pytest.fixture(scope="module", autouse=True)
+def catalog_fixtures() -> Iterator[None]:
+    """The stacks look their profiles up in :mod:`btk.catalog`: point it at the fixtures."""
+    with fc.installed():
+        yield
 
 
 @pytest.fixture(scope="module")
-def dev_prepared() -> dict[str, Any]:
-    return fx.synth(environments.DEV, data_preparation=True, training_plan_arn=PLAN_ARN)
+def staging(catalog_fixtures: None) -> dict[str, Any]:
+    return fx.synth(STAGING)
 
 
-#: The user's dev environment on managed spot, on an instance type the catalog shows spot for.
+@pytest.fixture(scope="module")
+def dev_prepared(catalog_fixtures: None) -> dict[str, Any]:
+    return fx.synth(DEV, data_preparation=True, training_plan_arn=PLAN_ARN)
+
+
+#: The fixture dev environment on managed spot, on an instance type the catalog shows spot for.
 SPOT_INSTANCE = next(t for t in INSTANCE_TYPES.values() if t.managed_spot.offered).name
 SPOT_DEV = EnvironmentConfig.model_validate(
-    {**environments.DEV.model_dump(), "instance_type": SPOT_INSTANCE, "managed_spot": True,
+    {**DEV.model_dump(), "instance_type": SPOT_INSTANCE, "managed_spot": True,
      "capacity": {"mode": "on_demand"},
      # spot waiting lengthens the longest execution past dev's checkpoint expiry: keep checkpoints
-     "data_stage": {**environments.DEV.data_stage.model_dump(), "checkpoint_expiration_days": None}}
+     "data_stage": {**DEV.data_stage.model_dump(), "checkpoint_expiration_days": None}}
 )
 
 
 @pytest.fixture(scope="module")
-def dev_spot() -> dict[str, Any]:
+def dev_spot(catalog_fixtures: None) -> dict[str, Any]:
     return fx.synth(SPOT_DEV)
 
 
@@ -85,19 +96,19 @@ def test_one_pipeline_per_profile_named_for_env_and_profile(staging: dict[str, A
 @pytest.mark.parametrize("template_name", ["staging", "dev_prepared"])
 def test_hyperparameters_are_the_planners_knobs(template_name: str, request: pytest.FixtureRequest) -> None:
     template = request.getfixturevalue(template_name)
-    env = {"staging": environments.STAGING, "dev_prepared": environments.DEV}[template_name]
+    env = {"staging": STAGING, "dev_prepared": DEV}[template_name]
     instance = get_instance_type(env.instance_type)
     for profile_name in env.profiles:
         definition = fx.pipelines(template)[f"btk-{env.name}-{profile_name.replace('.', '-')}"]
         for step_name in (STEP_TRAIN, STEP_TRAIN_ON_PLAN):
             hyperparameters = fx.all_steps(definition)[step_name]["Arguments"]["HyperParameters"]
-            plan = plan_profile(get_profile(profile_name), instance, env.instance_count)
+            plan = plan_profile(fc.PROFILES[profile_name], instance, env.instance_count)
             expected = knobs_to_hyperparameters(plan.knobs)
             assert {key: hyperparameters[key] for key in expected} == expected
             values = fx.substitute(hyperparameters, fx.sample_parameters(definition))
             parsed = from_hyperparameters(values)
             assert parsed.knobs == plan.knobs
-            assert parsed.architecture == get_profile(profile_name).architecture
+            assert parsed.architecture == fc.PROFILES[profile_name].architecture
             assert parsed.job.profile == profile_name
             planned_gpus = instance.gpus_per_node * env.instance_count
             assert parsed.job.planned_data_parallel == planned_gpus // plan.knobs.tensor_parallel
@@ -109,7 +120,7 @@ def test_total_tokens_parameter_feeds_the_hyperparameter(staging: dict[str, Any]
     hyperparameters = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["HyperParameters"]
     assert hyperparameters["train.total_tokens"] == {"Get": f"Parameters.{PARAM_TOTAL_TOKENS}"}
     default = fx.sample_parameters(definition)[PARAM_TOTAL_TOKENS]
-    assert default == str(get_profile(profile).training.total_tokens or "")
+    assert default == str(fc.PROFILES[profile].training.total_tokens or "")
     parsed = from_hyperparameters(fx.substitute(hyperparameters, fx.sample_parameters(definition, TotalTokens="5000")))
     assert parsed.training.total_tokens == 5000
 
@@ -126,7 +137,7 @@ def test_fsx_channel_reads_the_data_stage_read_only(staging: dict[str, Any]) -> 
             "FileSystemId": fx.FAKE_FILE_SYSTEM_ID,
             "FileSystemAccessMode": "ro",
             "FileSystemType": "FSxLustre",
-            "DirectoryPath": f"/{fx.FAKE_MOUNT_NAME}{environments.STAGING.data_stage.fsx_directory}",
+            "DirectoryPath": f"/{fx.FAKE_MOUNT_NAME}{STAGING.data_stage.fsx_directory}",
         }
 
 
@@ -155,7 +166,7 @@ def test_training_plan_arn_is_wired_to_the_parameter(staging: dict[str, Any], de
 
 
 def test_instance_count_and_runtime_are_parameters(staging: dict[str, Any]) -> None:
-    env = environments.STAGING
+    env = STAGING
     for definition in fx.pipelines(staging).values():
         defaults = fx.sample_parameters(definition)
         assert defaults[PARAM_INSTANCE_COUNT] == env.instance_count
@@ -178,12 +189,12 @@ def test_checkpoints_kms_vpc_encryption_environment_and_tags(staging: dict[str, 
         # P6-B200 has local NVMe and no EBS volume: SageMaker rejects a volume key there.
         assert "VolumeKmsKeyId" not in arguments["ResourceConfig"]
         assert arguments["VpcConfig"] == {"SecurityGroupIds": [fx.FAKE_GROUP], "Subnets": [fx.FAKE_SUBNET]}
-        assert arguments["EnableInterContainerTrafficEncryption"] is environments.STAGING.inter_container_encryption
+        assert arguments["EnableInterContainerTrafficEncryption"] is STAGING.inter_container_encryption
         assert arguments["EnableManagedSpotTraining"] is False
         assert arguments["Environment"] == NCCL_ENVIRONMENT
         tags = {tag["Key"]: tag["Value"] for tag in arguments["Tags"]}
         assert tags["btk:environment"] == "staging"
-        assert tags["btk:instance-type"] == environments.STAGING.instance_type
+        assert tags["btk:instance-type"] == STAGING.instance_type
         assert tags["btk:profile"].replace(".", "-") == profile
         assert arguments["TrainingJobName"] == name
         assert arguments["AlgorithmSpecification"]["TrainingImage"] == (
@@ -250,7 +261,7 @@ def test_tokenize_step_runs_before_training(dev_prepared: dict[str, Any]) -> Non
     assert steps[STEP_CHECK_PLAN]["DependsOn"] == [STEP_TOKENIZE]
     # the tokenize tool refuses token ids the model's embedding cannot index
     arguments = tokenize["AppSpecification"]["ContainerArguments"]
-    vocab = get_profile(DEV.profiles[-1]).architecture.vocab_size
+    vocab = fc.PROFILES[DEV.profiles[-1]].architecture.vocab_size
     assert arguments[arguments.index("--vocab-size") + 1] == str(vocab)
 
 
@@ -367,7 +378,7 @@ def test_event_log_group_has_environment_retention_and_key(staging: dict[str, An
     groups = [g for g in _resources(staging, "AWS::Logs::LogGroup")
               if g["Properties"].get("LogGroupName") == "/btk/staging/training-events"]
     assert len(groups) == 1
-    assert groups[0]["Properties"]["RetentionInDays"] == environments.STAGING.log_retention_days
+    assert groups[0]["Properties"]["RetentionInDays"] == STAGING.log_retention_days
     assert "KmsKeyId" in groups[0]["Properties"]
 
 
@@ -404,13 +415,13 @@ def test_dashboard_has_metrics_per_profile_and_pipeline_outcomes(staging: dict[s
 
 
 def test_two_synths_give_identical_definitions(staging: dict[str, Any]) -> None:
-    again = fx.synth(environments.STAGING)
+    again = fx.synth(STAGING)
     assert fx.raw_definitions(again) == fx.raw_definitions(staging)
     assert str(fx.raw_definitions(again)) == str(fx.raw_definitions(staging))
 
 
 def test_adding_a_profile_adds_a_pipeline() -> None:
-    added = next(name for name in sorted(all_profiles()) if name not in DEV.profiles)
+    added = next(name for name in sorted(fc.PROFILES) if name not in DEV.profiles)
     env = DEV.model_copy(update={"profiles": (*DEV.profiles, added)})
     template = fx.synth(env)
     assert len(_resources(template, "AWS::SageMaker::Pipeline")) == len(DEV.profiles) + 1

@@ -5,6 +5,9 @@
   pipeline parameters substituted and the stack's resources resolved to fake values.
 * In ``capacity.mode = existing`` the training-plan construct's verified ``PlanArn`` is the
   pipelines' ``TrainingPlanArn`` default (the stack's wiring, not only the construct's).
+
+The first checks run on the user's environments (each one synthesized as ``app.py`` does);
+the existing-plan wiring is machinery, checked on a fixture environment and fixture profiles.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import botocore.session
+import fixture_catalog as fc
 import pipeline_fixtures as fx
 import pytest
 from botocore.validate import validate_parameters
 from cfn_fakes import ACCOUNT, resolve
-from stack_synth import Synth
+from stack_synth import ENV_NAMES, Synth
 
-import environments
+from btk.catalog import get_environment
 from btk.environment import EnvironmentConfig
 from training_constructs.pipeline_definition import (
     PARAM_TRAINING_PLAN_ARN,
@@ -75,13 +79,13 @@ def _validate_both_training_steps(template: dict[str, Any], env: EnvironmentConf
 
 
 def test_every_environment_both_training_steps_validate_against_botocore(synth: Synth) -> None:
-    env = next(e for e in environments.ENVIRONMENTS if e.name == synth.env_name)
+    env = get_environment(synth.env_name)
     assert _validate_both_training_steps(synth.template, env) == 2 * len(env.profiles)
 
 
 def test_validation_rejects_a_broken_real_argument(synths: dict[str, Synth]) -> None:
     """The control: the same resolution and validation catch a wrong type in the real stack."""
-    template = synths[environments.ENVIRONMENTS[-1].name].template
+    template = synths[ENV_NAMES[-1]].template
     definition = next(iter(_definitions(template).values()))
     step = _training_steps(definition)[STEP_TRAIN]
     defaults = {p["Name"]: p.get("DefaultValue") for p in definition["Parameters"]}
@@ -104,12 +108,13 @@ def existing_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Environment
     from training_constructs.nag import apply_nag
 
     env = EnvironmentConfig.model_validate(
-        {**environments.STAGING.model_dump(), "capacity": {"mode": "existing", "plan_arn": PLAN_ARN}}
+        {**fc.STAGING.model_dump(), "capacity": {"mode": "existing", "plan_arn": PLAN_ARN}}
     )
     app = App(outdir=str(tmp_path_factory.mktemp("cdk-existing")), analytics_reporting=False)
-    stack = TrainingStack(app, "TrainingStack", env_config=env)
-    apply_nag(app)  # an unacknowledged finding fails this synth too
-    app.synth()
+    with fc.installed():  # the stack looks its profiles up in btk.catalog
+        stack = TrainingStack(app, "TrainingStack", env_config=env)
+        apply_nag(app)  # an unacknowledged finding fails this synth too
+        app.synth()
     template = json.loads((Path(app.outdir) / f"{stack.artifact_id}.template.json").read_text())
     return env, stack, template
 
@@ -137,7 +142,10 @@ def test_existing_plan_is_every_pipelines_training_plan_default(
 
 
 def test_on_demand_environments_default_to_no_plan(synth: Synth) -> None:
+    """An on-demand environment's pipelines default to no plan; one with a plan (existing or reserved)
+    defaults to it and outputs it."""
+    planned = get_environment(synth.env_name).capacity.mode != "on_demand"
     for definition in _definitions(synth.template).values():
         parameters = {p["Name"]: p for p in definition["Parameters"]}
-        assert parameters[PARAM_TRAINING_PLAN_ARN]["DefaultValue"] == ""
-    assert "TrainingPlanArn" not in synth.template["Outputs"]
+        assert (parameters[PARAM_TRAINING_PLAN_ARN]["DefaultValue"] != "") == planned
+    assert ("TrainingPlanArn" in synth.template["Outputs"]) == planned

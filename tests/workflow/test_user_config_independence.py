@@ -87,13 +87,29 @@ ENVIRONMENTS: tuple[EnvironmentConfig, ...] = (SANDBOX, LIVE)
 DEFAULT_ENVIRONMENT = "sandbox"
 '''
 # The folders whose tests read profiles/ or environments.py (tests/trainer reads neither but for test_bench).
-FOLDERS = ("tests/capacity", "tests/cli", "tests/core", "tests/hostile", "tests/infra", "tests/planner", "tests/report")
+FOLDERS = (
+    "tests/capacity", "tests/ci", "tests/cli", "tests/core", "tests/hostile", "tests/infra", "tests/pipeline",
+    "tests/planner", "tests/report", "tests/trainer/test_bench.py",
+)
+#: deploy.yml is written for the shipped dev / staging / prod: these check it against environments.py,
+#: so they are checks of the shipped example (a user who changes environments.py updates deploy.yml).
+DEPLOY_WORKFLOW_CHECKS = (
+    "test_every_environment_has_a_chained_oidc_deploy_job",
+    "test_deploys_follow_the_order_of_environments",
+    "test_each_deploy_job_uses_oidc_and_one_deploy_at_a_time",
+    "test_pushes_deploy_everything_and_dispatch_deploys_up_to_the_choice",
+    "test_an_environment_without_a_deploy_job_fails_with_what_to_add",
+    "test_a_deploy_job_for_an_unknown_environment_is_reported",
+    "test_rules_catch_a_broken_chain_permissions_concurrency_and_keys",
+)
 # Left out, each with its reason.
 EXCLUDED = {
     "tests/cli/test_user_config_cli.py::test_readme_sample_plan_is_current": "the README's sample is the shipped "
     "profiles' output",
     "tests/cli/test_user_config_cli.py::test_readme_add_a_profile_example_plans": "the README's example extends the "
     "shipped profiles/llama.py",
+    **{f"tests/ci/test_ci_workflows.py::{name}": "deploy.yml is the shipped example's"
+       for name in DEPLOY_WORKFLOW_CHECKS},
 }
 
 
