@@ -20,6 +20,8 @@ from typing import Any
 
 from botocore.stub import Stubber
 
+from btk import capacity
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -29,6 +31,15 @@ REGION = "us-east-1"
 AZ = "us-east-1a"
 INSTANCE = "ml.p6-b200.48xlarge"
 START = datetime(2026, 3, 2, tzinfo=UTC)
+#: The reservation most tests ask for: 2 instances for a week from START in the environment's AZ.
+REQUEST = capacity.ReservationRequest(
+    environment="prod",
+    instance_type=INSTANCE,
+    instance_count=2,
+    start_after=START,
+    duration_hours=168,
+    availability_zone=AZ,
+)
 
 
 @dataclass

@@ -13,20 +13,22 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.exceptions import NoCredentialsError
-from capacity_fixtures import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, offering, plan_arn
+from capacity_fixtures import (
+    AZ,
+    INSTANCE,
+    REQUEST,
+    START,
+    FakeClock,
+    StubbedSageMaker,
+    described_plan,
+    offering,
+    plan_arn,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from btk import capacity
 
-REQUEST = capacity.ReservationRequest(
-    environment="prod",
-    instance_type=INSTANCE,
-    instance_count=2,
-    start_after=START,
-    duration_hours=168,
-    availability_zone=AZ,
-)
 NAME_PATTERN = (
     botocore.session.get_session().get_service_model("sagemaker").shape_for("TrainingPlanName").metadata["pattern"]
 )

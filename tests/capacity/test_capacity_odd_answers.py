@@ -6,18 +6,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from capacity_fixtures import AZ, INSTANCE, START, FakeClock, StubbedSageMaker, described_plan, offering
+from capacity_fixtures import AZ, INSTANCE, REQUEST, START, FakeClock, StubbedSageMaker, described_plan, offering
 
 from btk import capacity
 
-REQUEST = capacity.ReservationRequest(
-    environment="prod",
-    instance_type=INSTANCE,
-    instance_count=2,
-    start_after=START,
-    duration_hours=168,
-    availability_zone=AZ,
-)
 NAME = REQUEST.plan_name()
 NOW = START - timedelta(days=3)
 NOT_FOUND = {"service_error_code": "ResourceNotFound", "service_message": "not found", "http_status_code": 400}
