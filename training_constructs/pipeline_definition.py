@@ -81,14 +81,9 @@ PROCESSING_OUTPUT = "/opt/ml/processing/output"
 #: The tokenize tool of the training image (``containers/pyproject.toml``: ``btk-tokenize``).
 TOKENIZE_COMMAND = ("btk-tokenize",)
 
-#: NCCL / EFA settings of the training containers on P6-B200 (and other EFA instances).
+#: NCCL / PyTorch settings of every training container; the instance type's network settings
+#: (libfabric/EFA) come from the hardware catalog (:func:`job_environment`).
 NCCL_ENVIRONMENT: dict[str, str] = {
-    # libfabric: use the EFA provider (never fall back to TCP sockets silently).
-    "FI_PROVIDER": "efa",
-    # GPUDirect RDMA: EFA reads/writes GPU memory directly (P5/P6 support it).
-    "FI_EFA_USE_DEVICE_RDMA": "1",
-    # Data-loader workers fork after EFA registered memory; keep the fork safe.
-    "FI_EFA_FORK_SAFE": "1",
     # NCCL bootstrap/out-of-band traffic: any interface except loopback and docker bridges.
     "NCCL_SOCKET_IFNAME": "^lo,docker",
     # Warnings and errors only: INFO floods CloudWatch Logs at 8 GPUs per node.
@@ -100,6 +95,15 @@ NCCL_ENVIRONMENT: dict[str, str] = {
     # Fewer fragmentation OOMs with varying activation shapes.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
+
+def job_environment(instance_type: str) -> dict[str, str]:
+    """The training job's environment: :data:`NCCL_ENVIRONMENT` plus the catalog's network
+    settings for ``instance_type`` (none for a type outside the catalog)."""
+    from btk.hardware import INSTANCE_TYPES
+
+    instance = INSTANCE_TYPES.get(instance_type)
+    return {**NCCL_ENVIRONMENT, **(instance.network_environment if instance is not None else {})}
+
 
 _TOKEN = "${Token["
 
@@ -481,7 +485,7 @@ class _Builder:
                 compression_type="NONE",
             ),
             checkpoint_config=CheckpointConfig(s3_uri=checkpoint_uri, local_path=CHECKPOINT_LOCAL_PATH),
-            environment=dict(NCCL_ENVIRONMENT),
+            environment=job_environment(env.instance_type),
             hyperparameters=self.hyperparameters,
             tags=[Tag(key=key, value=value) for key, value in job_tags(spec).items()],
         ).with_metric_definitions(

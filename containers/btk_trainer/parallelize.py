@@ -166,7 +166,7 @@ class LossParallelHead(ColwiseParallel):
     def _prepare_input_fn(input_layouts: Any, desired_input_layouts: Any, mod: nn.Module, inputs: Any,
                           device_mesh: DeviceMesh) -> Any:
         # torch leaves the styles' hook functions unannotated.
-        hidden = ColwiseParallel._prepare_input_fn(  # type: ignore[no-untyped-call]
+        hidden = ColwiseParallel._prepare_input_fn(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             input_layouts, desired_input_layouts, mod, inputs[:1], device_mesh)
         return (hidden, *inputs[1:])
 
@@ -175,7 +175,7 @@ class LossParallelHead(ColwiseParallel):
                            device_mesh: DeviceMesh) -> Any:
         if outputs.ndim == 0:  # the loss, already reduced over the vocabulary shards
             return outputs.full_tensor()
-        return ColwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]
+        return ColwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             output_layouts, use_local_output, mod, outputs, device_mesh)
 
 
@@ -195,7 +195,7 @@ class SequenceShardedEmbedding(RowwiseParallel):
     @staticmethod
     def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
                            device_mesh: DeviceMesh) -> Any:
-        local = RowwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]
+        local = RowwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             output_layouts, use_local_output, mod, outputs, device_mesh)
         return local.clone()
 
@@ -351,7 +351,7 @@ def _sac_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     # torch leaves this function unannotated; its return value is the context_fn pair checkpoint expects.
-    return create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]
+    return create_selective_checkpoint_contexts(selective_policy())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
 
 def _keep_seeded_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -365,7 +365,7 @@ def _keep_seeded_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
 def _keep_seeded_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(_keep_seeded_policy)  # type: ignore[no-untyped-call]
+    return create_selective_checkpoint_contexts(_keep_seeded_policy)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
 
 def keeps_attention_under_full_checkpointing(device_type: str, *, compiled: bool, tp: int) -> bool:

@@ -233,7 +233,7 @@ def node_versions() -> Versions:
 def _torch_versions(base: Versions) -> Versions:
     import torch
 
-    nccl = (".".join(str(part) for part in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+    nccl = (".".join(str(part) for part in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             if torch.cuda.is_available() else "unknown")
     return Versions(driver=base.driver, cuda=str(torch.version.cuda), torch=torch.__version__, nccl=nccl,
                     libfabric=base.libfabric, aws_ofi_nccl=base.aws_ofi_nccl)

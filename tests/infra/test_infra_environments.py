@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
@@ -152,7 +152,7 @@ def test_every_accepted_log_retention_has_a_cdk_member() -> None:
 
 def test_each_retention_member_synthesizes_its_days() -> None:
     """The map pairs each number with the CDK member that CloudFormation receives as that number."""
-    from aws_cdk import App, Stack
+    from aws_cdk import App, CfnElement, Stack
     from aws_cdk import aws_logs as logs
     from aws_cdk.assertions import Template
 
@@ -160,7 +160,7 @@ def test_each_retention_member_synthesizes_its_days() -> None:
     groups = {days: logs.LogGroup(stack, f"Group{days}", retention=member) for days, member in RETENTION_DAYS.items()}
     template = Template.from_stack(stack).to_json()["Resources"]
     for days, group in groups.items():
-        logical_id = stack.get_logical_id(group.node.default_child)  # type: ignore[arg-type]
+        logical_id = stack.get_logical_id(cast(CfnElement, group.node.default_child))
         assert template[logical_id]["Properties"]["RetentionInDays"] == days
 
 

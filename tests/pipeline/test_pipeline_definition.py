@@ -25,6 +25,7 @@ from training_constructs.pipeline_definition import (
     PipelineSpec,
     S3TrainingData,
     build_pipeline_definition,
+    job_environment,
 )
 
 # A profile outside staging, to check that a spec refuses it.
@@ -147,4 +148,13 @@ def test_prod_multi_node_encrypts_inter_node_traffic() -> None:
     assert arguments["EnableInterContainerTrafficEncryption"] is True
     parameters = {p["Name"]: p for p in json.loads(definition)["Parameters"]}
     assert parameters["InstanceCount"]["DefaultValue"] == prod.instance_count == 2
-    assert arguments["Environment"]["FI_PROVIDER"] == "efa" == NCCL_ENVIRONMENT["FI_PROVIDER"]
+    assert arguments["Environment"]["FI_PROVIDER"] == "efa" == job_environment(prod.instance_type)["FI_PROVIDER"]
+
+
+def test_job_environment_takes_network_settings_from_the_catalog_only_for_its_instance() -> None:
+    from btk.hardware import INSTANCE_TYPES
+
+    for name, instance in INSTANCE_TYPES.items():
+        assert job_environment(name) == {**NCCL_ENVIRONMENT, **instance.network_environment}
+    assert job_environment("ml.p3.16xlarge") == NCCL_ENVIRONMENT  # outside the catalog: no EFA settings
+    assert "FI_PROVIDER" not in NCCL_ENVIRONMENT  # one home for the EFA settings: btk.hardware

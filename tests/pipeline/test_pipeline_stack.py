@@ -26,7 +26,6 @@ from btk.naming import TAG_ENVIRONMENT, pipeline_name
 from btk.planner.search import plan_profile
 from btk.units import SECONDS_PER_HOUR
 from training_constructs.pipeline_definition import (
-    NCCL_ENVIRONMENT,
     PARAM_INSTANCE_COUNT,
     PARAM_MAX_RUNTIME_SECONDS,
     PARAM_MAX_WAIT_SECONDS,
@@ -38,6 +37,7 @@ from training_constructs.pipeline_definition import (
     STEP_TOKENIZE,
     STEP_TRAIN,
     STEP_TRAIN_ON_PLAN,
+    job_environment,
 )
 
 # Fixture environments with an FSx data stage and an S3 one: names and profiles come from them.
@@ -191,7 +191,7 @@ def test_checkpoints_kms_vpc_encryption_environment_and_tags(staging: dict[str, 
         assert arguments["VpcConfig"] == {"SecurityGroupIds": [fx.FAKE_GROUP], "Subnets": [fx.FAKE_SUBNET]}
         assert arguments["EnableInterContainerTrafficEncryption"] is STAGING.inter_container_encryption
         assert arguments["EnableManagedSpotTraining"] is False
-        assert arguments["Environment"] == NCCL_ENVIRONMENT
+        assert arguments["Environment"] == job_environment(STAGING.instance_type)
         tags = {tag["Key"]: tag["Value"] for tag in arguments["Tags"]}
         assert tags["btk:environment"] == "staging"
         assert tags["btk:instance-type"] == STAGING.instance_type
