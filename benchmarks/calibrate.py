@@ -2,8 +2,9 @@
 
 For each point of ``btk/planner/calibration_points.json``: the published tokens/s per GPU,
 the prediction of the fit to all points, the prediction of a fit *without* that point
-(leave-one-out), and the memory model's error (nothing in it is fitted). Then the fitted
-constants, to be copied into ``btk/hardware.py``, ``btk/planner/throughput.py`` and
+(leave-one-out), and the memory model's error (leave-one-out too: only the reserve of runs
+launched with the default CUDA allocator is fitted). Then the fitted constants, to be
+copied into ``btk/hardware.py``, ``btk/planner/throughput.py`` and
 ``btk/planner/calibration.py``, and the error band per GPU family that ``btk plan`` shows.
 
 Run: ``.venv/bin/python benchmarks/calibrate.py [--write]``; ``--write`` stores the band in
@@ -16,7 +17,7 @@ import argparse
 import json
 
 from btk.planner.band import BAND_FILE, band_summary
-from btk.planner.calibration import NAMES, _to_vector, evaluate, fit, load_points
+from btk.planner.calibration import NAMES, _to_vector, evaluate, fit, fit_default_allocator_reserve, load_points
 
 
 def main() -> None:
@@ -35,7 +36,8 @@ def main() -> None:
         )
     print("\nfitted constants:")
     for name, value in zip(NAMES, _to_vector(params), strict=True):
-        print(f"  {name:24} {value:.4g}")
+        print(f"  {name:26} {value:.4g}")
+    print(f"  {'default_allocator_reserve':26} {fit_default_allocator_reserve(points):.4g}  (memory evidence only)")
     summary = band_summary(results)
     print("\nband per GPU family (worst leave-one-out error):")
     print(json.dumps(summary, indent=2))

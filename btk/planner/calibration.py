@@ -16,6 +16,16 @@ Two constants describe the *evidence*, not btk's trainer, and are fitted with th
 * ``power_limit``: torchao's B200 runs were made on power-limited GPUs; their predictions
   are ``prediction × power_limit``, while SageMaker's p6-b200 runs at full power.
 
+One constant describes the memory *evidence*: ``default_allocator_reserve``. The memory model
+predicts what a step allocates at its peak; the published figure is the caching allocator's
+peak *reserved* memory. With ``expandable_segments`` (torchtitan's ``run_train.sh``, torchao's
+benchmark scripts, btk's trainer) the allocator grows segments in place and reserved memory
+stays close to allocated; runs launched with the default allocator (``allocator`` in the file)
+also hold fragmented cached blocks, so their predictions are ``allocated × (1 + reserve)``.
+The reserve is the geometric-mean excess of those runs over the model, fitted like the rest:
+a point's leave-one-out memory prediction uses the reserve fitted to the *other* such runs.
+The planner's own predictions never include it: the trainer always runs with expandable segments.
+
 A weak prior (``PRIOR_WEIGHT``) pulls every constant towards a neutral value so that a
 leave-one-out fit stays defined when the point left out was the only one pinning a constant.
 Such a point (``pins`` in the file: Megatron's DGX-H100 run is the only one that separates
@@ -80,6 +90,8 @@ class CalibrationPoint:
     differs: str
     pins: str | None = None
     """The constant only this point determines, and why (then it is evidence, not predicted)."""
+    allocator: str = "expandable_segments"
+    """The CUDA caching allocator setting the run was launched with (``default`` or ``expandable_segments``)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,7 @@ def load_points() -> tuple[CalibrationPoint, ...]:
                 source=raw["source"],
                 differs=raw["differs"],
                 pins=raw.get("pins"),
+                allocator=raw.get("allocator", "expandable_segments"),
             )
         )
     return tuple(points)
@@ -171,11 +184,27 @@ def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> fl
     return tokens
 
 
-def predict_memory_gib(point: CalibrationPoint) -> float:
-    """Peak memory as the memory model predicts it (nothing in it is fitted)."""
+def predict_allocated_gib(point: CalibrationPoint) -> float:
+    """Peak allocated memory as the memory model predicts it (the model itself has no fitted constant)."""
     arch = MEASURED_ARCHITECTURE
     system = point.system
     return estimate_memory(arch, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib).total
+
+
+def predict_memory_gib(point: CalibrationPoint, default_allocator_reserve: float) -> float:
+    """The published peak reserved memory as predicted: allocated, plus the reserve of a default-allocator run."""
+    allocated = predict_allocated_gib(point)
+    return allocated * (1 + default_allocator_reserve) if point.allocator == "default" else allocated
+
+
+def fit_default_allocator_reserve(points: Sequence[CalibrationPoint]) -> float:
+    """Geometric-mean excess of the default-allocator runs' published memory over the model; 0 without such runs."""
+    ratios = [
+        math.log(point.memory_gib / predict_allocated_gib(point))
+        for point in points
+        if point.allocator == "default" and point.memory_gib is not None
+    ]
+    return math.exp(sum(ratios) / len(ratios)) - 1 if ratios else 0.0
 
 
 # The fit works on the logarithms of these values; the prior pulls towards NEUTRAL.
@@ -296,6 +325,7 @@ class PointResult:
     fitted_tokens: float
     left_out_tokens: float
     memory_gib: float | None
+    """Predicted published memory, the default-allocator reserve fitted without this point (leave-one-out)."""
 
     @property
     def predicted(self) -> bool:
@@ -323,7 +353,8 @@ def evaluate(points: Sequence[CalibrationPoint], params: Parameters) -> list[Poi
     for index, point in enumerate(points):
         others = [p for i, p in enumerate(points) if i != index]
         without = fit(others, start=params)
-        memory = predict_memory_gib(point) if point.memory_gib is not None else None
+        reserve = fit_default_allocator_reserve(others)
+        memory = predict_memory_gib(point, reserve) if point.memory_gib is not None else None
         results.append(
             PointResult(
                 point=point,
