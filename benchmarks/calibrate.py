@@ -17,7 +17,16 @@ import argparse
 import json
 
 from btk.planner.band import BAND_FILE, band_summary
-from btk.planner.calibration import NAMES, _to_vector, evaluate, fit, fit_default_allocator_reserve, load_points
+from btk.planner.calibration import (
+    NAMES,
+    _to_vector,
+    evaluate,
+    fit,
+    fit_default_allocator_reserve,
+    leave_source_out,
+    load_points,
+    source_document,
+)
 
 
 def main() -> None:
@@ -38,6 +47,10 @@ def main() -> None:
     for name, value in zip(NAMES, _to_vector(params), strict=True):
         print(f"  {name:26} {value:.4g}")
     print(f"  {'default_allocator_reserve':26} {fit_default_allocator_reserve(points):.4g}  (memory evidence only)")
+    print("\nleave-source-out (every run of the point's source document left out of the fit):")
+    by_source = leave_source_out(points, params)
+    for point in points:
+        print(f"  {point.id:34} {by_source[point.id]:+7.1%}  {source_document(point)}")
     summary = band_summary(results)
     print("\nband per GPU family (worst leave-one-out error):")
     print(json.dumps(summary, indent=2))

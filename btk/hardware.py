@@ -149,10 +149,10 @@ B200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(
-        0.425, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.426, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.373, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.372, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -168,10 +168,10 @@ H200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
     achieved_matmul_fraction=Fact(
-        0.521, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.521, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.367, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.366, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -187,10 +187,10 @@ H100 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
     achieved_matmul_fraction=Fact(
-        0.521, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.521, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.367, "benchmarks/calibrate.py fit to 14 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.366, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -205,7 +205,7 @@ A100_80GB = GpuSpec(
         0.521, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
     non_matmul_overhead=Fact(
-        0.367, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
+        0.366, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
 )
 

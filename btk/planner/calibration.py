@@ -28,10 +28,14 @@ The planner's own predictions never include it: the trainer always runs with exp
 
 A weak prior (``PRIOR_WEIGHT``) pulls every constant towards a neutral value so that a
 leave-one-out fit stays defined when the point left out was the only one pinning a constant.
-Such a point (``pins`` in the file: Megatron's DGX-H100 run is the only one that separates
-``megatron_engine`` from Blackwell's speed and ``power_limit``) cannot be predicted without
-itself: its leave-one-out error measures the prior, not the model, so it is reported but left
-out of the error band (``PointResult.predicted``).
+Such a point (``pins`` in the file) cannot be predicted without itself: its leave-one-out
+error measures the prior, not the model, so it is reported but left out of the error band
+(``PointResult.predicted``). No point of the current set is one: the two Megatron DGX-H100
+runs (two NeMo releases) pin ``megatron_engine`` together.
+
+Runs of one source share its setup, so leave-one-out can flatter them (the two Megatron
+DGX-H100 runs predict each other). :func:`leave_source_out` predicts each point by a fit
+without *every* run of its source document, the harder test ``benchmarks/calibrate.py`` prints.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -69,8 +74,8 @@ MEASURED_ARCHITECTURE = ModelArchitecture(
 """Llama 3.1 8B, the model every calibration point ran: part of the evidence, not of the user's ``profiles/``."""
 PRIOR_WEIGHT = 0.02
 GPU_FAMILIES = {"hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"), "blackwell": ("B200",), "ampere": ("A100_80GB",)}
-MEGATRON_ENGINE = 1.590
-B200_POWER_LIMIT = 0.6429
+MEGATRON_ENGINE = 1.588
+B200_POWER_LIMIT = 0.6422
 
 
 @dataclass(frozen=True)
@@ -345,6 +350,25 @@ class PointResult:
         if self.memory_gib is None or self.point.memory_gib is None:
             return None
         return self.memory_gib / self.point.memory_gib - 1
+
+
+def source_document(point: CalibrationPoint) -> str:
+    """The repository and file a point was published in (``github:owner/repo path``), under its current path."""
+    repository, path = point.source.replace(",", " ").split()[:2]
+    moved = re.search(r"\(now ([^)\s]+)\)", point.source)
+    return f"{repository} {moved.group(1) if moved else path}"
+
+
+def leave_source_out(points: Sequence[CalibrationPoint], params: Parameters) -> dict[str, float]:
+    """Each point's tokens/s relative error when every run of its source document is left out of the fit."""
+    errors: dict[str, float] = {}
+    for document in dict.fromkeys(source_document(point) for point in points):
+        kept = [point for point in points if source_document(point) != document]
+        without = fit(kept, start=params)
+        for point in points:
+            if source_document(point) == document:
+                errors[point.id] = predict_tokens_per_second(point, without) / point.tokens_per_second_per_gpu - 1
+    return errors
 
 
 def evaluate(points: Sequence[CalibrationPoint], params: Parameters) -> list[PointResult]:
