@@ -262,22 +262,3 @@ def cpu_torch_problems(name: str, workflow: Mapping[str, Any], pin: str) -> list
                 "(the pin of pyproject.toml's trainer extra)"
             )
     return problems
-
-
-#: A ``${{ … }}`` expression inside a run script.
-_EXPRESSION = re.compile(r"\$\{\{.*?\}\}", re.DOTALL)
-
-
-def run_scripts(workflow: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(job/step, script)`` of every ``run:`` step, each ``${{ … }}`` blanked to ``_``s of its length.
-
-    GitHub substitutes the expressions before bash sees the script; blanking them (as actionlint
-    does) lets shellcheck read the rest as the shell will.
-    """
-    scripts = []
-    for job_id, job in workflow["jobs"].items():
-        for index, step in enumerate(job.get("steps", [])):
-            if "run" in step:
-                script = _EXPRESSION.sub(lambda match: "_" * len(match.group(0)), step["run"])
-                scripts.append((f"{job_id}/{step.get('name', index)}", script))
-    return scripts

