@@ -8,7 +8,10 @@ with the given knobs and reports, over the timed steps only: tokens/s per GPU, T
 GPU, MFU (vs the GPU's dense bf16 peak from the btk hardware catalog) and peak memory; and
 the planner's prediction for exactly the same knobs (``btk.planner.search.evaluate_knobs``).
 ``--compare`` also runs the planner's choice and the legacy baseline (``Plan.baseline``)
-back to back and reports the measured and predicted speed-up.
+back to back and reports the measured and predicted speed-up. Two short extra runs per case
+say where a step's time goes: one synchronised at every phase boundary (seconds per phase),
+one under ``torch.profiler`` (all communication per step and its exposed part, the time no
+compute overlaps: :mod:`btk_trainer.comm_profile`).
 
 Knobs start from the planner's plan for the profile on the instance (``--gpus`` overrides
 the GPUs per node, so a 1-GPU machine is planned as one: no sharding, all memory on one
@@ -42,6 +45,9 @@ from btk.hardware import InstanceType, get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings
 from btk.knobs import TrainingKnobs, parse_knobs
 from btk.profile import ModelArchitecture, ModelProfile
+
+#: Steps the profiled run records (:func:`btk_trainer.comm_profile.profile_communication`).
+PROFILED_STEPS = 2
 
 TINY = ModelArchitecture(
     num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=128,
@@ -102,6 +108,7 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
     """Train ``warmup + steps`` steps; statistics over the timed steps."""
     import torch
 
+    from btk_trainer.comm_profile import UNRECORDED_STEPS, profile_communication
     from btk_trainer.train import RunConfig, train
 
     spec = JobHyperparameters(
@@ -117,6 +124,11 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
     try:
         result = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=warmup + steps))
         phased = train(RunConfig(spec=spec, device=device, nnodes=nnodes, max_steps=2, time_phases=True))
+        on_gpu = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
+        communication = profile_communication(
+            lambda on_step_end: train(RunConfig(spec=spec, device=device, nnodes=nnodes, on_step_end=on_step_end,
+                                                max_steps=UNRECORDED_STEPS + PROFILED_STEPS)),
+            steps=PROFILED_STEPS, on_gpu=on_gpu)
     finally:
         # A failed case (out of memory, ...) must not leave its model and optimizer state on
         # the GPU for the next one: FSDP2's modules are freed only by the cycle collector.
@@ -142,6 +154,10 @@ def measure(profile: ModelProfile, knobs: TrainingKnobs, *, warmup: int, steps: 
         # A separate 2-step run synchronising the device at each phase boundary (it costs the overlap it
         # measures, so the rate above comes from the unsynchronised run): where a step's time goes.
         "phase_seconds_per_step": {name: seconds / 2 for name, seconds in phased.phase_seconds.items()},
+        # A third run under torch.profiler, unsynchronised: every collective of a step (FSDP2's and tensor
+        # parallelism's inside forward and backward too) and the part of it no compute overlaps.
+        "communication_seconds_per_step": {"total": communication["communication_total"],
+                                           "exposed": communication["communication_exposed"]},
         "wall_seconds": time.perf_counter() - started,
     }
     return measured
@@ -176,9 +192,15 @@ def _row(case: dict[str, Any]) -> str:
 
 
 def phase_line(case: dict[str, Any]) -> str:
-    """``btk-bench phases <profile> / <case>: data 1.2 ms, forward ...`` (milliseconds per step)."""
-    phases = case["measured"].get("phase_seconds_per_step", {})
+    """``btk-bench phases <profile> / <case>: data 1.2 ms, forward ...; profiled communication 3.4 ms (exposed
+    1.1 ms)`` (milliseconds per step)."""
+    measured = case["measured"]
+    phases = measured.get("phase_seconds_per_step", {})
     parts = ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases.items())
+    communication = measured.get("communication_seconds_per_step")
+    if communication:
+        parts += (f"; profiled communication {communication['total'] * 1000:.1f} ms "
+                  f"(exposed {communication['exposed'] * 1000:.1f} ms)")
     return f"btk-bench phases {case['profile']} / {case['label']}: {parts}"
 
 
@@ -315,4 +337,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from btk_trainer.exiting import exit_without_finalizing
+
+    exit_without_finalizing(main())

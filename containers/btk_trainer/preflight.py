@@ -373,4 +373,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from btk_trainer.exiting import exit_without_finalizing
+
+    exit_without_finalizing(main())

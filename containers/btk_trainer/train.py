@@ -27,14 +27,13 @@ import math
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from btk.profile import TrainingIntent
 from btk_trainer.checkpoint import Checkpointer, TrainerState
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.entrypoint import load_hyperparameters, report_failure
+from btk_trainer.exiting import exit_without_finalizing
 from btk_trainer.layout import MeshShape, accumulation_for
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import (
@@ -749,21 +749,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return exit_code(result)
-
-
-def exit_without_finalizing(code: int) -> NoReturn:
-    """Leave the process with ``code`` once stdout and stderr are flushed, skipping interpreter teardown.
-
-    A gloo worker thread can still be destroying a finished collective's work object (which
-    holds tensors) when the main thread returns; if the interpreter is finalizing by then, the
-    thread's GIL request ends in ``std::terminate`` and the rank aborts with SIGABRT after a
-    completed run — torchrun then reports the job failed. Everything a run writes (checkpoints,
-    the exported model, the failure file) is on disk before :func:`main` returns, so nothing of
-    the teardown is needed.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

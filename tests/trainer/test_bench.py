@@ -82,3 +82,31 @@ def test_bench_predict_only_trains_nothing(tmp_path: Path) -> None:
     (comparison,) = report["comparisons"]
     assert "measured_ratio" not in comparison and comparison["predicted_ratio"] > 1.0
     assert "btk_metric" not in completed.stdout
+
+
+def test_phase_line_shows_profiled_communication() -> None:
+    from btk_trainer.bench import phase_line
+
+    case = {"profile": "p", "label": "c", "measured": {
+        "phase_seconds_per_step": {"forward": 0.0123, "communication": 0.0005},
+        "communication_seconds_per_step": {"total": 0.0034, "exposed": 0.0011}}}
+    assert phase_line(case) == ("btk-bench phases p / c: forward 12.3 ms, communication 0.5 ms; "
+                                "profiled communication 3.4 ms (exposed 1.1 ms)")
+    del case["measured"]["communication_seconds_per_step"]  # a report without it: the phases alone
+    assert phase_line(case) == "btk-bench phases p / c: forward 12.3 ms, communication 0.5 ms"
+
+
+def test_measure_profiles_communication_in_one_process(one_rank: None) -> None:
+    """One process: the profiled run works; only all-reduces over a group of one remain (microseconds)."""
+    from btk_trainer.bench import TINY, measure
+
+    from btk.knobs import TrainingKnobs
+
+    training = fc.LLAMA_1B.training.model_copy(update={"seq_len": 32, "global_batch_tokens": 32})
+    profile = fc.LLAMA_1B.model_copy(update={"architecture": TINY, "training": training})
+    knobs = TrainingKnobs(micro_batch_size=1, seq_len=32, compile=False, fused_loss=False)
+    measured = measure(profile, knobs, warmup=1, steps=1, device="cpu", nnodes=1)
+    communication = measured["communication_seconds_per_step"]
+    assert set(communication) == {"total", "exposed"}
+    assert 0 <= communication["exposed"] <= communication["total"] < 5e-3
+    assert measured["phase_seconds_per_step"]["forward"] > 0  # the phase timing is still there
