@@ -61,6 +61,7 @@ from btk.naming import (
     pipeline_name,
 )
 from btk.profile import ModelProfile
+from training_constructs.definition_cache import cached_definition
 from training_constructs.locations import FileSystemLocation
 
 PARAM_INSTANCE_COUNT = "InstanceCount"
@@ -240,8 +241,16 @@ def validate_spec(spec: PipelineSpec) -> None:
 
 
 def build_pipeline_definition(spec: PipelineSpec) -> str:
-    """The pipeline definition JSON (canonical: sorted keys, compact) for ``spec``."""
+    """The pipeline definition JSON (canonical: sorted keys, compact) for ``spec``.
+
+    Built by the SDK, or read from the definition cache where it is on and an equal spec was
+    built by the same code and SDK before (:mod:`training_constructs.definition_cache`).
+    """
     validate_spec(spec)
+    return cached_definition(spec, _build_with_sdk)
+
+
+def _build_with_sdk(spec: PipelineSpec) -> str:
     _offline_sdk_environment(spec.environment.region)
     with _sdk_config_validated_once():
         builder = _Builder(spec)

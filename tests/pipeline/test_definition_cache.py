@@ -1,0 +1,141 @@
+"""The pipeline definition cache: keys that change with every input, reads that never fail a synth."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_pipeline_definition import _spec
+
+from btk.knobs import TrainingKnobs
+from training_constructs import definition_cache
+from training_constructs.definition_cache import CACHE_ENV, cache_key, cached_definition, default_directory
+from training_constructs.pipeline_definition import PipelineSpec, S3TrainingData, build_pipeline_definition
+
+
+class CountingBuild:
+    """Stands in for the SDK build: a definition naming the spec's profile, and a call count."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, spec: PipelineSpec) -> str:
+        self.calls += 1
+        return json.dumps({"profile": spec.profile.name, "call": self.calls})
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "definitions"
+    monkeypatch.setenv(CACHE_ENV, str(directory))
+    return directory
+
+
+def test_off_builds_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    build = CountingBuild()
+    for value in ("off", ""):
+        monkeypatch.setenv(CACHE_ENV, value)
+        cached_definition(_spec(), build)
+    monkeypatch.delenv(CACHE_ENV)
+    cached_definition(_spec(), build)
+    assert build.calls == 3
+
+
+def test_an_equal_spec_is_read_back(cache_dir: Path) -> None:
+    build = CountingBuild()
+    first = cached_definition(_spec(), build)
+    again = cached_definition(_spec(), build)
+    assert build.calls == 1 and again == first
+    assert [path.name for path in cache_dir.iterdir()] == [f"{cache_key(_spec())}.json"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"knobs": TrainingKnobs(micro_batch_size=4, seq_len=2048)},
+        {"image_uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/btk:2"},
+        {"subnet_ids": ["subnet-0a1b2c3d4e5f60719"]},
+        {"train_data": S3TrainingData("s3://datasets/shards")},
+        {"training_plan_arn": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p"},
+        {"extra_tags": {"team": "ml"}},
+        {"volume_size_gb": 501},
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_any_changed_field_is_a_new_key(cache_dir: Path, change: dict[str, object]) -> None:
+    build = CountingBuild()
+    cached_definition(_spec(), build)
+    cached_definition(replace(_spec(), **change), build)
+    assert build.calls == 2
+    assert cache_key(_spec()) != cache_key(replace(_spec(), **change))
+
+
+def test_environment_and_profile_fields_are_in_the_key() -> None:
+    spec = _spec()
+    other_env = replace(spec, environment=spec.environment.model_copy(update={"tags": {"cost": "x"}}))
+    arch = spec.profile.architecture.model_copy(update={"vocab_size": spec.profile.architecture.vocab_size + 1})
+    other_profile = replace(spec, profile=spec.profile.model_copy(update={"architecture": arch}))
+    keys = {cache_key(spec), cache_key(other_env), cache_key(other_profile)}
+    assert len(keys) == 3
+
+
+def test_the_code_and_the_sdk_are_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = cache_key(_spec())
+    definition_cache.code_fingerprint.cache_clear()
+    monkeypatch.setattr(definition_cache.metadata, "version", lambda name: "0.0.0")
+    assert cache_key(_spec()) != before  # another SDK or boto version: another key
+    monkeypatch.undo()
+    definition_cache.code_fingerprint.cache_clear()
+    assert cache_key(_spec()) == before
+    sources = list(definition_cache._source_files())
+    assert any(path.name == "pipeline_definition.py" for path in sources)
+    assert any(path.name == "hyperparameters.py" for path in sources)
+
+
+def test_a_value_it_cannot_key_is_an_error() -> None:
+    with pytest.raises(TypeError, match="cannot key a pipeline definition on a object"):
+        cache_key(replace(_spec(), extra_tags={"x": object()}))  # type: ignore[dict-item]
+
+
+def test_a_damaged_entry_is_rebuilt(cache_dir: Path) -> None:
+    build = CountingBuild()
+    cached_definition(_spec(), build)
+    (cache_dir / f"{cache_key(_spec())}.json").write_text('{"truncat')
+    assert json.loads(cached_definition(_spec(), build))["call"] == 2
+
+
+def test_an_unwritable_directory_still_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "definitions"))
+    build = CountingBuild()
+    assert json.loads(cached_definition(_spec(), build))["call"] == 1
+    assert json.loads(cached_definition(_spec(), build))["call"] == 2
+
+
+def test_only_the_newest_entries_are_kept(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(definition_cache, "KEEP", 3)
+    build = CountingBuild()
+    keys = []
+    for size in range(501, 506):
+        spec = _spec(volume_size_gb=size)
+        cached_definition(spec, build)
+        keys.append(cache_key(spec))
+        path = cache_dir / f"{keys[-1]}.json"
+        os.utime(path, (size, size))  # distinct modification times, oldest first
+    assert sorted(path.stem for path in cache_dir.glob("*.json")) == sorted(keys[-3:])
+    assert not list(cache_dir.glob("*.tmp"))
+
+
+def test_the_sdk_definition_is_stored_and_read_back_unchanged(cache_dir: Path) -> None:
+    built = build_pipeline_definition(_spec())
+    assert json.loads((cache_dir / f"{cache_key(_spec())}.json").read_text()) == json.loads(built)
+    assert build_pipeline_definition(_spec()) == built
+
+
+def test_default_directory_follows_xdg() -> None:
+    assert default_directory({"XDG_CACHE_HOME": "/c"}) == Path("/c/btk/pipeline-definitions")
+    assert default_directory({}).parts[-3:] == (".cache", "btk", "pipeline-definitions")
