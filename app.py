@@ -135,15 +135,20 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
 
 
 def main() -> int:
+    from training_constructs import definition_worker
     from training_constructs.definition_cache import CACHE_ENV, default_directory
 
-    # Unchanged pipeline definitions are read back instead of importing the SageMaker SDK again.
+    # Unchanged pipeline definitions are read back instead of importing the SageMaker SDK again;
+    # the others are built by a worker that imports the SDK on another core meanwhile.
     os.environ.setdefault(CACHE_ENV, str(default_directory()))
+    definition_worker.start()
     try:
         app = build_app()
     except BtkError as error:
         print(f"btk: error: {error}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
+    finally:
+        definition_worker.stop()
     app.synth()
     return 0
 

@@ -62,6 +62,7 @@ from btk.naming import (
 )
 from btk.profile import ModelProfile
 from training_constructs.definition_cache import cached_definition
+from training_constructs.definition_worker import build_with_worker
 from training_constructs.locations import FileSystemLocation
 
 PARAM_INSTANCE_COUNT = "InstanceCount"
@@ -243,14 +244,39 @@ def validate_spec(spec: PipelineSpec) -> None:
 def build_pipeline_definition(spec: PipelineSpec) -> str:
     """The pipeline definition JSON (canonical: sorted keys, compact) for ``spec``.
 
-    Built by the SDK, or read from the definition cache where it is on and an equal spec was
-    built by the same code and SDK before (:mod:`training_constructs.definition_cache`).
+    Built by the SDK (in the definition worker when ``app.py`` started one:
+    :mod:`training_constructs.definition_worker`), or read from the definition cache where it
+    is on and an equal spec was built by the same code and SDK before
+    (:mod:`training_constructs.definition_cache`).
     """
     validate_spec(spec)
-    return cached_definition(spec, _build_with_sdk)
+    return cached_definition(spec, lambda uncached: build_with_worker(uncached, build_with_sdk))
 
 
-def _build_with_sdk(spec: PipelineSpec) -> str:
+#: The SDK modules the builder uses. Importing them takes about two seconds (the SDK's packages
+#: import most of the SDK, pandas and docker included): the definition worker imports them
+#: while the app is being built.
+SDK_MODULES = (
+    "sagemaker.core.common_utils",
+    "sagemaker.core.config.config_manager",
+    "sagemaker.core.network",
+    "sagemaker.core.processing",
+    "sagemaker.core.shapes",
+    "sagemaker.core.training.configs",
+    "sagemaker.core.workflow.conditions",
+    "sagemaker.core.workflow.execution_variables",
+    "sagemaker.core.workflow.functions",
+    "sagemaker.core.workflow.parameters",
+    "sagemaker.core.workflow.pipeline_context",
+    "sagemaker.core.workflow.pipeline_definition_config",
+    "sagemaker.mlops.workflow",
+    "sagemaker.mlops.workflow.retry",
+    "sagemaker.train",
+)
+
+
+def build_with_sdk(spec: PipelineSpec) -> str:
+    """Build the definition with the SDK in this process (no cache, no worker)."""
     _offline_sdk_environment(spec.environment.region)
     with _sdk_config_validated_once():
         builder = _Builder(spec)

@@ -1,0 +1,55 @@
+"""The definition worker: the SDK's definitions from another process, or none and the app builds itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from test_pipeline_definition import _spec
+
+from training_constructs import definition_worker
+from training_constructs.definition_worker import DefinitionWorker, build_with_worker
+from training_constructs.pipeline_definition import build_with_sdk
+
+
+@pytest.fixture
+def worker() -> Iterator[DefinitionWorker]:
+    started = definition_worker.start()
+    yield started
+    definition_worker.stop()
+
+
+def test_the_worker_builds_what_the_sdk_builds_here(worker: DefinitionWorker) -> None:
+    in_process = build_with_sdk(_spec())
+    assert worker.build(_spec()) == in_process
+    assert worker.build(_spec(volume_size_gb=600)) == build_with_sdk(_spec(volume_size_gb=600))
+
+
+def test_a_failed_build_there_is_built_here_and_fails_with_its_own_error(worker: DefinitionWorker) -> None:
+    assert worker.build(object()) is None  # the worker reports the error, and keeps serving
+    assert worker.build(_spec()) == build_with_sdk(_spec())
+    with pytest.raises(AttributeError):
+        build_with_worker(object(), build_with_sdk)
+
+
+def test_a_dead_worker_falls_back_to_this_process(worker: DefinitionWorker) -> None:
+    process = worker._process
+    assert process is not None
+    process.kill()
+    process.wait()
+    built: list[object] = []
+    definition = build_with_worker(_spec(), lambda spec: built.append(spec) or "here")
+    assert definition == "here" and len(built) == 1
+    assert worker._process is None  # given up: later specs go straight to this process
+
+
+def test_without_a_worker_the_build_runs_here() -> None:
+    definition_worker.stop()
+    assert build_with_worker(_spec(), lambda spec: "here") == "here"
+
+
+def test_stop_ends_the_process_at_once(worker: DefinitionWorker) -> None:
+    process = worker._process
+    assert process is not None
+    definition_worker.stop()  # even while it is still importing the SDK
+    assert process.poll() is not None
