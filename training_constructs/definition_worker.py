@@ -88,11 +88,15 @@ class DefinitionWorker:
 _current: DefinitionWorker | None = None
 
 
-def start() -> DefinitionWorker:
-    """Start the worker that :func:`build_with_worker` uses (``app.py``'s ``main`` does, first)."""
+def start() -> DefinitionWorker | None:
+    """Start the worker that :func:`build_with_worker` uses (``app.py``'s ``main`` does, first);
+    None when no process can be started (then every definition is built in this process)."""
     global _current
     stop()
-    _current = DefinitionWorker()
+    try:
+        _current = DefinitionWorker()
+    except (OSError, ValueError):  # no interpreter to start: every definition is built in this process
+        _current = None
     return _current
 
 
@@ -118,6 +122,9 @@ def serve() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever the SDK prints goes to stderr
     from training_constructs import pipeline_definition
 
+    # Before the imports: some SDK modules create boto3 clients at import time (no instance
+    # metadata lookups, no role validation, quiet loggers), as the in-process build does.
+    pipeline_definition.offline_sdk_environment(None)
     for module in pipeline_definition.SDK_MODULES:
         try:
             importlib.import_module(module)

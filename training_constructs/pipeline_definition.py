@@ -277,7 +277,7 @@ SDK_MODULES = (
 
 def build_with_sdk(spec: PipelineSpec) -> str:
     """Build the definition with the SDK in this process (no cache, no worker)."""
-    _offline_sdk_environment(spec.environment.region)
+    offline_sdk_environment(spec.environment.region)
     with _sdk_config_validated_once():
         builder = _Builder(spec)
         return builder.definition()
@@ -290,10 +290,14 @@ def _is_token(value: str) -> bool:
     return _TOKEN in value
 
 
-def _offline_sdk_environment(region: str) -> None:
-    """What the SDK needs to build offline; set only where the caller has not set it."""
-    os.environ.setdefault("AWS_DEFAULT_REGION", region)
-    os.environ.setdefault("AWS_REGION", region)
+def offline_sdk_environment(region: str | None) -> None:
+    """What the SDK needs to build offline; set only where the caller has not set it.
+
+    ``region`` None (the definition worker, before it knows a spec) sets everything but the region.
+    """
+    if region is not None:
+        os.environ.setdefault("AWS_DEFAULT_REGION", region)
+        os.environ.setdefault("AWS_REGION", region)
     os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
     # Some SDK modules create boto3 clients at import time; without this, botocore's credential
     # chain asks the EC2 instance-metadata endpoint (a network call, seconds of timeouts).

@@ -15,6 +15,7 @@ from training_constructs.pipeline_definition import build_with_sdk
 @pytest.fixture
 def worker() -> Iterator[DefinitionWorker]:
     started = definition_worker.start()
+    assert started is not None
     yield started
     definition_worker.stop()
 
@@ -53,3 +54,9 @@ def test_stop_ends_the_process_at_once(worker: DefinitionWorker) -> None:
     assert process is not None
     definition_worker.stop()  # even while it is still importing the SDK
     assert process.poll() is not None
+
+
+def test_no_interpreter_to_start_means_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(definition_worker.sys, "executable", "/nonexistent/python")
+    assert definition_worker.start() is None
+    assert build_with_worker(_spec(), lambda spec: "here") == "here"
