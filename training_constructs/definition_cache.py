@@ -121,14 +121,21 @@ def cached_definition(spec: Any, build: Callable[[Any], str]) -> str:
 
 
 def _store(directory: Path, path: Path, definition: str) -> None:
-    """Write atomically (another synth may read it at the same time), then keep the newest :data:`KEEP`."""
+    """Write atomically (another synth may read it at the same time), then keep the newest :data:`KEEP`.
+
+    Any failure (a read-only or full disk) leaves the cache as it was: no half-written file.
+    """
+    temporary: Path | None = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as handle:
+            temporary = Path(handle.name)
             handle.write(definition)
-        os.replace(handle.name, path)
+        os.replace(temporary, path)
+        temporary = None
         stored = sorted(directory.glob("*.json"), key=lambda entry: entry.stat().st_mtime, reverse=True)
         for stale in stored[KEEP:]:
             stale.unlink(missing_ok=True)
     except OSError:
-        pass
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)

@@ -116,6 +116,16 @@ def test_an_unwritable_directory_still_builds(tmp_path: Path, monkeypatch: pytes
     assert json.loads(cached_definition(_spec(), build))["call"] == 2
 
 
+def test_a_failed_write_leaves_nothing_behind(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(source: object, target: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(definition_cache.os, "replace", refuse)
+    build = CountingBuild()
+    assert json.loads(cached_definition(_spec(), build))["call"] == 1
+    assert list(cache_dir.iterdir()) == []
+
+
 def test_only_the_newest_entries_are_kept(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(definition_cache, "KEEP", 3)
     build = CountingBuild()
