@@ -136,7 +136,7 @@ def test_estimate_starts_from_the_plan_and_keeps_its_global_batch(capsys: pytest
     plan = plan_profile(profile, get_instance_type("ml.p5.48xlarge"), 1)
     data = _estimate(capsys)
     assert data["start"] == "plan" and data["knobs"] == plan.knobs.model_dump()
-    assert data["estimate"] == plan.evaluation.estimate.as_json()  # type: ignore[comparison-overlap]
+    assert data["estimate"] == plan.evaluation.estimate.as_json()
     assert data["global_batch_tokens"] == plan.global_batch.as_json()
 
 

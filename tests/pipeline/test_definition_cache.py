@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_pipeline_definition import _spec
@@ -65,7 +66,7 @@ def test_an_equal_spec_is_read_back(cache_dir: Path) -> None:
     ],
     ids=lambda change: next(iter(change)),
 )
-def test_any_changed_field_is_a_new_key(cache_dir: Path, change: dict[str, object]) -> None:
+def test_any_changed_field_is_a_new_key(cache_dir: Path, change: dict[str, Any]) -> None:
     build = CountingBuild()
     cached_definition(_spec(), build)
     cached_definition(replace(_spec(), **change), build)
@@ -85,7 +86,7 @@ def test_environment_and_profile_fields_are_in_the_key() -> None:
 def test_the_code_and_the_sdk_are_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     before = cache_key(_spec())
     definition_cache.code_fingerprint.cache_clear()
-    monkeypatch.setattr(definition_cache.metadata, "version", lambda name: "0.0.0")
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.0.0")
     assert cache_key(_spec()) != before  # another SDK or boto version: another key
     monkeypatch.undo()
     definition_cache.code_fingerprint.cache_clear()
@@ -97,7 +98,7 @@ def test_the_code_and_the_sdk_are_in_the_key(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_value_it_cannot_key_is_an_error() -> None:
     with pytest.raises(TypeError, match="cannot key a pipeline definition on a object"):
-        cache_key(replace(_spec(), extra_tags={"x": object()}))  # type: ignore[dict-item]
+        cache_key(replace(_spec(), extra_tags={"x": object()}))  # type: ignore[dict-item]  # the bad value under test
 
 
 def test_a_damaged_entry_is_rebuilt(cache_dir: Path) -> None:
@@ -120,7 +121,7 @@ def test_a_failed_write_leaves_nothing_behind(cache_dir: Path, monkeypatch: pyte
     def refuse(source: object, target: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(definition_cache.os, "replace", refuse)
+    monkeypatch.setattr("os.replace", refuse)
     build = CountingBuild()
     assert json.loads(cached_definition(_spec(), build))["call"] == 1
     assert list(cache_dir.iterdir()) == []

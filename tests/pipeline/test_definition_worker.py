@@ -60,3 +60,16 @@ def test_no_interpreter_to_start_means_no_worker(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(definition_worker.sys, "executable", "/nonexistent/python")
     assert definition_worker.start() is None
     assert build_with_worker(_spec(), lambda spec: "here") == "here"
+
+
+def test_the_worker_imports_every_sdk_module_the_builder_uses() -> None:
+    """SDK_MODULES is what the worker imports ahead: every `from sagemaker… import` of the builder."""
+    import ast
+    import inspect
+
+    from training_constructs import pipeline_definition
+
+    tree = ast.parse(inspect.getsource(pipeline_definition))
+    used = {node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sagemaker")}
+    assert used == set(pipeline_definition.SDK_MODULES)

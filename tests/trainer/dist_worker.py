@@ -527,8 +527,8 @@ def _killed_mid_write(rank: int, workdir: str, data_dir: str, port: int, case: s
         real_rmtree(path, *args, **kwargs)
 
     # the kill-mid-write test swaps these two for versions that die partway (the process is thrown away)
-    checkpoint.describe_files = describe_then_die  # type: ignore[assignment]
-    checkpoint.shutil.rmtree = rmtree_then_die  # type: ignore[assignment]
+    checkpoint.describe_files = describe_then_die
+    checkpoint.shutil.rmtree = rmtree_then_die
     spec = tiny_spec(job={"checkpoint_interval_steps": 2, "keep_last_checkpoints": 1 if case == "prune" else 2})
     train(RunConfig(spec=spec, data_dir=Path(data_dir), max_steps=8, device="cpu",
                     checkpoint_dir=Path(workdir) / f"ckpt_{case}"))

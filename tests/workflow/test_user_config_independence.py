@@ -104,8 +104,6 @@ DEPLOY_WORKFLOW_CHECKS = (
 )
 # Left out, each with its reason.
 EXCLUDED = {
-    "tests/cli/test_user_config_cli.py::test_readme_sample_plan_is_current": "the README's sample is the shipped "
-    "profiles' output",
     "tests/cli/test_user_config_cli.py::test_readme_add_a_profile_example_plans": "the README's example extends the "
     "shipped profiles/llama.py",
     **{f"tests/ci/test_ci_workflows.py::{name}": "deploy.yml is the shipped example's"
