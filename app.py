@@ -115,6 +115,7 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     invalid.
     """
     env_config = load_environment(cli_context() if context is None else context)
+
     from aws_cdk import App, DefaultStackSynthesizer
 
     # The environment's own bootstrap (cdk bootstrap --qualifier): its CI role may assume only
@@ -161,7 +162,7 @@ def exit_without_teardown(status: int) -> NoReturn:
     interpreter, the SageMaker SDK's thousands of pydantic model classes among them: about
     1.5 s of a whole-app synth that produces nothing.
     """
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # the handlers sys.exit would run: jsii stops its kernel
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
