@@ -275,6 +275,13 @@ SDK_MODULES = (
 )
 
 
+def prepare_offline_session(region: str) -> None:
+    """Create the offline SDK session of ``region`` that :func:`build_with_sdk` will use."""
+    offline_sdk_environment(region)
+    with _sdk_config_validated_once():  # as when a build creates it: the session validates the config once
+        _offline_session(region)
+
+
 def build_with_sdk(spec: PipelineSpec) -> str:
     """Build the definition with the SDK in this process (no cache, no worker)."""
     offline_sdk_environment(spec.environment.region)

@@ -17,7 +17,7 @@ from textwrap import dedent
 import pytest
 from stack_synth import REPO
 
-from app import load_environment
+from app import load_environment, training_instance_types
 from btk import catalog
 from btk.errors import BtkError
 
@@ -201,6 +201,13 @@ def test_an_instance_type_sagemaker_does_not_train_on_is_named_by_the_entry_poin
         "environments.py: environment 'dev': instance_type: ml.p9.48xlarge is not a SageMaker training instance "
         "type (botocore's TrainingInstanceType)"
     )
+
+
+def test_every_catalogued_instance_type_is_one_sagemaker_trains_on() -> None:
+    # The entry point asks botocore only about instance types outside the catalog.
+    from btk.hardware import INSTANCE_TYPES
+
+    assert set(INSTANCE_TYPES) <= set(training_instance_types())
 
 
 def test_planning_an_environment_on_an_uncatalogued_instance_names_it(user_root: Path) -> None:

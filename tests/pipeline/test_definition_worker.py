@@ -73,3 +73,37 @@ def test_the_worker_imports_every_sdk_module_the_builder_uses() -> None:
     used = {node.module for node in ast.walk(tree)
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sagemaker")}
     assert used == set(pipeline_definition.SDK_MODULES)
+
+
+def test_a_prepared_region_changes_nothing_the_worker_builds(worker: DefinitionWorker) -> None:
+    worker.prepare(_spec().environment.region)
+    worker.prepare("not-a-region")  # fails there, unreported: the worker keeps serving
+    assert worker.build(_spec()) == build_with_sdk(_spec())
+
+
+def test_preparing_a_dead_worker_gives_it_up(worker: DefinitionWorker) -> None:
+    process = worker._process
+    assert process is not None
+    process.kill()
+    process.wait()
+    definition_worker.prepare("us-east-1")
+    assert worker._process is None  # given up: specs go straight to this process
+
+
+def test_without_a_worker_prepare_does_nothing() -> None:
+    definition_worker.stop()
+    definition_worker.prepare("us-east-1")
+    assert build_with_worker(_spec(), lambda spec: "here") == "here"
+
+
+def test_a_prepared_session_validated_the_sdk_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jsonschema
+
+    from training_constructs import pipeline_definition
+
+    validated: list[object] = []
+    validate = jsonschema.validate
+    monkeypatch.setattr(jsonschema, "validate", lambda instance, *args, **kwargs: (
+        validated.append(instance), validate(instance, *args, **kwargs))[1])
+    pipeline_definition.prepare_offline_session("eu-north-1")  # a region no other test prepares
+    assert [config is pipeline_definition._SDK_CONFIG for config in validated] == [True]
