@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from test_pipeline_definition import _spec
@@ -103,7 +104,11 @@ def test_a_prepared_session_validated_the_sdk_config_once(monkeypatch: pytest.Mo
 
     validated: list[object] = []
     validate = jsonschema.validate
-    monkeypatch.setattr(jsonschema, "validate", lambda instance, *args, **kwargs: (
-        validated.append(instance), validate(instance, *args, **kwargs))[1])
+
+    def recording_validate(instance: Any, *args: Any, **kwargs: Any) -> None:
+        validated.append(instance)
+        validate(instance, *args, **kwargs)
+
+    monkeypatch.setattr(jsonschema, "validate", recording_validate)
     pipeline_definition.prepare_offline_session("eu-north-1")  # a region no other test prepares
     assert [config is pipeline_definition._SDK_CONFIG for config in validated] == [True]

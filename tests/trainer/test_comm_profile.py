@@ -16,22 +16,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-if __name__ == "__main__":  # run as a script, outside pytest: its pythonpath setting does not reach here
-    sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(HERE)]
-
-import pytest  # noqa: E402
-from btk_trainer.comm_profile import (  # noqa: E402
+import pytest
+from btk_trainer.comm_profile import (
     CommunicationTime,
     classify_events,
     communication_per_step,
     communication_time,
     merge,
 )
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from torch._C._autograd import DeviceType  # noqa: E402
-from torch.autograd.profiler_util import FunctionEvent  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
+from torch._C._autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 # --- interval arithmetic -------------------------------------------------------------------------------------
 
@@ -202,8 +198,12 @@ def _rank(rank: int, world: int, port: int, workdir: str) -> None:
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("comm_profile")
+    # Run as a script, outside pytest: its pythonpath setting must come through the environment.
+    here = Path(__file__).resolve().parent
+    pythonpath = os.pathsep.join(str(path) for path in (here.parents[1] / "containers", here.parents[1], here))
     completed = subprocess.run([sys.executable, __file__, str(workdir)], capture_output=True, text=True,
-                               timeout=180, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               timeout=180, check=False,
+                               env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath})
     assert completed.returncode == 0, completed.stderr[-3000:]
     return [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in range(2)]
 
