@@ -3,10 +3,23 @@
 SageMaker stops a job (``StopTrainingJob``, a spot reclaim) with SIGTERM and kills it 120 s
 later, so the flag is looked at between micro-batches, not once per optimizer step (which can
 be 32-64 micro-batches, minutes on a large model). A job running on a training plan gets
-``SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP`` (epoch milliseconds): its
-instances are terminated :data:`CAPACITY_BLOCK_TERMINATION_LEAD` before the block ends, with
-no SIGTERM the trainer could wait for, so it stops by itself :data:`CAPACITY_BLOCK_SAFETY_MARGIN`
-before that moment.
+``SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP``, the end of its current capacity
+block as an epoch timestamp: its instances are terminated :data:`CAPACITY_BLOCK_TERMINATION_LEAD`
+before the block ends, with no SIGTERM the trainer could wait for, so it stops by itself
+:data:`CAPACITY_BLOCK_SAFETY_MARGIN` before that moment.
+
+The timestamp's unit is not settled by what AWS publishes: the checkpointing example of AWS's
+training-plan guide ("Training plans utilization for SageMaker training jobs",
+https://docs.aws.amazon.com/sagemaker/latest/dg/training-plan-utilization-for-training-jobs.html)
+has been published both reading it as epoch seconds and as milliseconds (the translated copies
+of the page still carry ``timedelta(milliseconds=...)``), and open trainers that honour it read
+it as seconds (verl's ``should_save_ckpt_esi``: ``datetime.fromtimestamp(int(value))``). Read in
+the wrong unit, the deadline lands in 1970 (the job checkpoints after its first step and exits
+0) or some 60,000 years ahead (the job never stops by itself). :func:`capacity_block` therefore
+decides by magnitude, which is unambiguous: a value above :data:`MILLISECONDS_ABOVE` is
+milliseconds (1e11 s is the year 5138; 1e11 ms is March 1973), anything else seconds. The
+trainer prints the block's end, the unit it read and its own deadline when it starts, so a
+wrong reading shows in the job's first log lines.
 
 Every rank decides locally (its own signal, its own clock); :class:`StopAgreement` makes all
 ranks act on the same micro-batch with one MAX all-reduce, on a CPU (gloo) group so that on
@@ -15,6 +28,7 @@ GPUs the check does not wait for the queued CUDA work.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Mapping
@@ -34,16 +48,54 @@ CAPACITY_BLOCK_TERMINATION_LEAD = float(CAPACITY_TERMINATION_LEAD_SECONDS)
 CAPACITY_BLOCK_SAFETY_MARGIN = float(CAPACITY_STOP_MARGIN_SECONDS)
 
 
-def capacity_block_deadline(env: Mapping[str, str]) -> float | None:
-    """Epoch seconds by which the run must have stopped, from the capacity block's end; None without one."""
+#: An epoch timestamp above this is in milliseconds (1e11 seconds is the year 5138).
+MILLISECONDS_ABOVE = 1e11
+#: 9999-12-31T23:59:59Z: the last instant ``datetime`` can describe.
+LAST_DATETIME_SECONDS = 253_402_300_799.0
+
+
+class CapacityBlockValueError(ValueError):
+    """The capacity block's timestamp is not an epoch time; the message is one line for the log."""
+
+
+@dataclass(frozen=True)
+class CapacityBlock:
+    """The end of the job's current capacity block, as SageMaker announces it."""
+
+    ends: float  # epoch seconds
+    unit: str  # how the variable was written: "s" or "ms"
+
+    @property
+    def terminated(self) -> float:
+        """When SageMaker starts terminating the block's instances (epoch seconds)."""
+        return self.ends - CAPACITY_BLOCK_TERMINATION_LEAD
+
+    @property
+    def deadline(self) -> float:
+        """By when the run must have stopped (epoch seconds): the termination less the safety margin."""
+        return self.terminated - CAPACITY_BLOCK_SAFETY_MARGIN
+
+    def line(self) -> str:
+        return (f"btk: capacity block ends {describe_epoch(self.ends)} ({CAPACITY_BLOCK_ENV} read as epoch "
+                f"{'milliseconds' if self.unit == 'ms' else 'seconds'}); its instances are terminated from "
+                f"{describe_epoch(self.terminated)}, the run stops by {describe_epoch(self.deadline)}")
+
+
+def capacity_block(env: Mapping[str, str]) -> CapacityBlock | None:
+    """The job's capacity block from the environment; None without one; CapacityBlockValueError if unreadable."""
     raw = env.get(CAPACITY_BLOCK_ENV, "").strip()
-    if not raw:
+    if not raw or raw == "0":  # AWS's own example treats "0" as "not set"
         return None
     try:
-        expires = float(raw) / 1000.0
+        value = float(raw)
     except ValueError:
-        return None  # not ours to fail a job over; the instance termination still applies
-    return expires - CAPACITY_BLOCK_TERMINATION_LEAD - CAPACITY_BLOCK_SAFETY_MARGIN
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise CapacityBlockValueError(f"{CAPACITY_BLOCK_ENV}={raw!r} is not an epoch timestamp")
+    block = CapacityBlock(ends=value / 1000.0, unit="ms") if value > MILLISECONDS_ABOVE else CapacityBlock(value, "s")
+    if block.ends > LAST_DATETIME_SECONDS:
+        raise CapacityBlockValueError(f"{CAPACITY_BLOCK_ENV}={raw!r} is past the year 9999 in seconds and milliseconds")
+    return block
 
 
 def describe_epoch(seconds: float) -> str:

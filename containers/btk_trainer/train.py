@@ -64,10 +64,11 @@ from btk_trainer.parallelize import (
 from btk_trainer.stopping import (
     CAPACITY_BLOCK_SAFETY_MARGIN,
     CAPACITY_BLOCK_TERMINATION_LEAD,
+    CapacityBlockValueError,
     StopAgreement,
     StopFlag,
     StopReason,
-    capacity_block_deadline,
+    capacity_block,
     describe_epoch,
 )
 
@@ -486,13 +487,25 @@ class Trainer:
         self.peak_tflops = peak_bf16_tflops(self.placement.device)
         self.window = ThroughputWindow()
         self.stop_agreement = StopAgreement(self.placement.device)
-        self.deadline = capacity_block_deadline(os.environ)
+        self.deadline = self.read_capacity_block()
         self.unread: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.phases = PhaseTimes(self.placement.device if config.time_phases else None)
 
     @property
     def is_logger(self) -> bool:
         return self.placement.rank == 0
+
+    def read_capacity_block(self) -> float | None:
+        """The stop deadline of a job on a training plan (None otherwise); rank 0 says how it read it."""
+        try:
+            block = capacity_block(os.environ)
+        except CapacityBlockValueError as error:
+            if self.is_logger:
+                print(f"btk: warning: {error}; the run will not stop by itself before its capacity ends", flush=True)
+            return None
+        if block is not None and self.is_logger:
+            print(block.line(), flush=True)
+        return block.deadline if block is not None else None
 
     def resume(self) -> int | None:
         """Continue from the newest checkpoint every rank has, if any; the step it holds."""

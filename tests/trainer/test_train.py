@@ -21,7 +21,6 @@ from btk_trainer.stopping import (
     CAPACITY_BLOCK_ENV,
     CAPACITY_BLOCK_SAFETY_MARGIN,
     CAPACITY_BLOCK_TERMINATION_LEAD,
-    capacity_block_deadline,
 )
 from btk_trainer.train import (
     EXIT_STOPPED_UNSAVED,
@@ -172,26 +171,41 @@ def test_sigterm_between_micro_batches_drops_the_partial_step(tmp_path: Path,
     assert sorted(final) == sorted(reference) and all(torch.equal(final[k], reference[k]) for k in reference)
 
 
-def test_capacity_block_deadline_leaves_a_margin() -> None:
-    assert capacity_block_deadline({}) is None
-    assert capacity_block_deadline({CAPACITY_BLOCK_ENV: "soon"}) is None
-    ends = 1_900_000_000.0
-    deadline = capacity_block_deadline({CAPACITY_BLOCK_ENV: str(int(ends * 1000))})
-    assert deadline == ends - CAPACITY_BLOCK_TERMINATION_LEAD - CAPACITY_BLOCK_SAFETY_MARGIN
-    assert CAPACITY_BLOCK_SAFETY_MARGIN > 0
-
-
 @pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("scale", [1, 1000], ids=["epoch-seconds", "epoch-milliseconds"])
 def test_capacity_block_end_checkpoints_and_exits_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+                                                          capsys: pytest.CaptureFixture[str], scale: int) -> None:
     """A training-plan job whose deadline (block end - termination lead - margin) has passed stops by itself."""
     ends = time.time() + CAPACITY_BLOCK_TERMINATION_LEAD + CAPACITY_BLOCK_SAFETY_MARGIN - 1
-    monkeypatch.setenv(CAPACITY_BLOCK_ENV, str(int(ends * 1000)))
+    monkeypatch.setenv(CAPACITY_BLOCK_ENV, str(int(ends * scale)))
     result = train(RunConfig(spec=tiny_spec(), max_steps=10, device="cpu", checkpoint_dir=tmp_path / "ckpt"))
     assert result.interrupted and result.stop_reason.deadline_passed and not result.stop_reason.signalled
     assert result.steps_done == result.saved_step == 1 and exit_code(result) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("btk: capacity block ends ") and "checkpoint at step 1 written, exiting" in last
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("btk: capacity block ends ") and "checkpoint at step 1 written, exiting" in lines[-1]
+    (announced,) = [line for line in lines if "run stops by" in line]  # the parsed deadline, logged at start
+    assert ("milliseconds" if scale == 1000 else "seconds") in announced
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("scale", [1, 1000], ids=["epoch-seconds", "epoch-milliseconds"])
+def test_a_capacity_block_hours_away_does_not_stop_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           scale: int) -> None:
+    """A block ending in 3 hours, in either unit, leaves a short run alone (misread, it stops at once)."""
+    monkeypatch.setenv(CAPACITY_BLOCK_ENV, str(int((time.time() + 3 * 3600) * scale)))
+    result = train(RunConfig(spec=tiny_spec(), max_steps=3, device="cpu", checkpoint_dir=tmp_path / "ckpt"))
+    assert not result.interrupted and result.steps_done == 3 and exit_code(result) == 0
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_an_unreadable_capacity_block_is_a_warning_not_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(CAPACITY_BLOCK_ENV, "tomorrow")
+    result = train(RunConfig(spec=tiny_spec(), max_steps=2, device="cpu"))
+    assert not result.interrupted and result.steps_done == 2
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warning == (f"btk: warning: {CAPACITY_BLOCK_ENV}='tomorrow' is not an epoch timestamp; the run will not "
+                       "stop by itself before its capacity ends")
 
 
 def _poison_losses(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
