@@ -49,8 +49,8 @@ from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk_trainer.checkpoint import Checkpointer, TrainerState
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
-from btk_trainer.entrypoint import load_hyperparameters, report_failure
 from btk_trainer.exiting import exit_without_finalizing
+from btk_trainer.launch import load_hyperparameters, report_failure
 from btk_trainer.layout import MeshShape, accumulation_for
 from btk_trainer.model import Decoder, export_hf, load_safetensors
 from btk_trainer.parallelize import (

@@ -189,3 +189,19 @@ def test_hostile_hyperparameters_file_is_one_line_before_torchrun(
                 env=ENV)
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "hyperparameters.json" in err
+
+
+def test_the_launchers_import_one_way() -> None:
+    """entrypoint -> preflight -> launch, and nothing back: no module of the trainer imports the entrypoint."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "containers" / "btk_trainer"
+
+    def imported(module: str) -> set[str]:
+        tree = ast.parse((package / f"{module}.py").read_text())
+        names = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        return {name.removeprefix("btk_trainer.") for name in names if name.startswith("btk_trainer")}
+
+    assert "entrypoint" not in set().union(*(imported(path.stem) for path in package.glob("*.py")))
+    assert imported("launch") <= {"cuda_compat"} and "entrypoint" not in imported("preflight")
