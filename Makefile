@@ -61,8 +61,12 @@ synth-all: setup-infra
 	  env -u AWS_PROFILE AWS_ACCESS_KEY_ID= AWS_SECRET_ACCESS_KEY= $(CDK) synth TrainingStack -c env=$$env $(CDK_FLAGS) --quiet -o cdk.out/$$env
 	done
 
-## test: lint, type-check, unit and integration tests, infrastructure linters
-test: setup lint typecheck pytest infra-lint
+## test: lint, type-check, unit and integration tests, infrastructure linters. Every stage runs
+## even when another failed (one whose prerequisite failed is skipped); a summary ends the run.
+TEST_STAGES := setup lint:setup typecheck:setup pytest:setup synth-all:setup cfn-lint:synth-all \
+  checkov:synth-all hadolint:setup actionlint:setup zizmor:setup
+test:
+	bash scripts/test_stages.sh "$(MAKE) STAGED=1" $(TEST_STAGES)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -75,10 +79,11 @@ pytest: setup
 
 infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 
-cfn-lint: synth-all
+# Run alone, these synthesize first; as stages of `make test` they lint what synth-all wrote.
+cfn-lint: $(if $(STAGED),,synth-all)
 	$(VENV)/bin/cfn-lint cdk.out/*/*.template.json
 
-checkov: synth-all $(CHECKOV_VENV)/.installed
+checkov: $(if $(STAGED),,synth-all) $(CHECKOV_VENV)/.installed
 	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation \
 	  $$(for f in cdk.out/*/*.template.json; do echo "-f $$f"; done)
 

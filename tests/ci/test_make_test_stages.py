@@ -1,0 +1,54 @@
+"""`make test` runs every stage even after a failure and ends with a summary of each stage's outcome."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "test_stages.sh"
+
+
+def _run(tmp_path: Path, failing: set[str], *stages: str) -> subprocess.CompletedProcess[str]:
+    """The stage runner with a stand-in for make that fails the named stages and logs every call."""
+    fake = tmp_path / "fake-make"
+    log = tmp_path / "calls"
+    fails = " ".join(failing)
+    fake.write_text(f'#!/usr/bin/env bash\necho "$2" >> {log}\ncase " {fails} " in *" $2 "*) exit 2;; esac\n')
+    fake.chmod(0o755)
+    return subprocess.run(["bash", str(SCRIPT), str(fake), *stages], capture_output=True, text=True, check=False)
+
+
+def _summary(out: str) -> dict[str, str]:
+    return {match["stage"]: match["outcome"]
+            for match in re.finditer(r"^  (?P<outcome>passed|failed|skipped)\s+(?P<stage>\S+)", out, re.MULTILINE)}
+
+
+def test_all_stages_pass(tmp_path: Path) -> None:
+    done = _run(tmp_path, set(), "setup", "lint:setup", "pytest:setup")
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("make test: all stages passed")
+    assert _summary(done.stdout) == {"setup": "passed", "lint": "passed", "pytest": "passed"}
+
+
+def test_a_failure_does_not_stop_the_stages_after_it(tmp_path: Path) -> None:
+    done = _run(tmp_path, {"lint", "synth-all"}, "setup", "lint:setup", "typecheck:setup", "pytest:setup",
+                "synth-all:setup", "cfn-lint:synth-all", "checkov:synth-all", "hadolint:setup")
+    assert done.returncode == 1 and done.stdout.rstrip().endswith("make test: FAILED")
+    assert _summary(done.stdout) == {"setup": "passed", "lint": "failed", "typecheck": "passed", "pytest": "passed",
+                                     "synth-all": "failed", "cfn-lint": "skipped", "checkov": "skipped",
+                                     "hadolint": "passed"}
+    assert "cfn-lint    (synth-all did not pass)" in done.stdout
+    ran = (tmp_path / "calls").read_text().split()
+    assert ran == ["setup", "lint", "typecheck", "pytest", "synth-all", "hadolint"]  # skipped ones never start
+
+
+def test_make_test_declares_every_check_as_a_stage() -> None:
+    """Each check the Makefile defines is a stage of `make test`, so none can be left out of the summary."""
+    makefile = (ROOT / "Makefile").read_text()
+    stages_text = re.search(r"^TEST_STAGES := (.*?)(?<!\\)\n", makefile, re.MULTILINE | re.DOTALL)
+    assert stages_text is not None
+    stages = {spec.split(":")[0] for spec in stages_text.group(1).replace("\\\n", " ").split()}
+    assert stages == {"setup", "lint", "typecheck", "pytest", "synth-all", "cfn-lint", "checkov", "hadolint",
+                      "actionlint", "zizmor"}
+    assert re.search(r"^test:\n\tbash scripts/test_stages\.sh .*\$\(TEST_STAGES\)$", makefile, re.MULTILINE)
