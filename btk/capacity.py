@@ -11,7 +11,7 @@ rules encoded here:
 
 - a plan's name is derived from its reservation inputs (:meth:`ReservationRequest.plan_name`),
   so a retry after a timeout finds the plan it already bought instead of buying again;
-- :func:`ensure_reserved_plan` buys only with ``purchase_approved`` and only an offering whose
+- :func:`find_or_buy_plan` buys only with ``purchase_approved`` and only an offering whose
   fee is at most ``max_upfront_fee`` and every one of whose capacity blocks states the
   environment's AZ (a block that states no AZ cannot be checked, so it is refused);
 - it never buys while the environment already holds a live plan under another name: a
@@ -550,20 +550,30 @@ def wait_for_plan(
         plan = describe_plan(client, name_or_arn)
         if plan is None:
             raise CapacityError(f"training plan {name_or_arn} does not exist")
-        if plan.ready:
+        if usable(plan):
             return plan
-        if plan.status in DEAD_STATUSES:
-            reason = f": {plan.status_message}" if plan.status_message else ""
-            raise CapacityError(
-                f"training plan {plan.name} is {plan.status}{reason}; change the reservation window to buy a new one"
-            )
         remaining = deadline - clock()
         if remaining <= 0:
-            raise PlanNotReadyError(
-                f"training plan {plan.name} is still {plan.status} after {timeout_seconds:.0f}s; deploy again: "
-                "it is found by name and not bought twice"
-            )
+            raise not_ready_error(plan.name, plan.status, timeout_seconds)
         sleep(min(poll_seconds, remaining))
+
+
+def usable(plan: TrainingPlan) -> bool:
+    """True once ``plan`` is Scheduled/Active, False while Pending; a CapacityError when Failed/Expired."""
+    if plan.status in DEAD_STATUSES:
+        reason = f": {plan.status_message}" if plan.status_message else ""
+        raise CapacityError(
+            f"training plan {plan.name} is {plan.status}{reason}; change the reservation window to buy a new one"
+        )
+    return plan.ready
+
+
+def not_ready_error(name: str, status: str, waited_seconds: float) -> PlanNotReadyError:
+    """The one line a deploy fails with when a bought plan is still not usable at its deadline."""
+    return PlanNotReadyError(
+        f"training plan {name} is still {status} after {waited_seconds:.0f}s; deploy again: "
+        "it is found by name and not bought twice"
+    )
 
 
 # --------------------------------------------------------------------------- policies
@@ -628,6 +638,16 @@ class Reservation:
     offering: Offering | None = None
 
 
+@dataclass(frozen=True)
+class Purchase:
+    """Outcome of :func:`find_or_buy_plan`: the plan's name and ARN, and whether it was bought now."""
+
+    name: str
+    arn: str
+    bought: bool
+    offering: Offering | None = None
+
+
 def list_offerings(offerings: Sequence[Offering], request: ReservationRequest, max_upfront_fee: float) -> str:
     """The offerings as one line for an error message (best first, at most a few)."""
     if not offerings:
@@ -640,49 +660,29 @@ def list_offerings(offerings: Sequence[Offering], request: ReservationRequest, m
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def ensure_reserved_plan(
+def find_or_buy_plan(
     client: Any,
     request: ReservationRequest,
     *,
     max_upfront_fee: float,
     purchase_approved: bool,
-    timeout_seconds: float = DEFAULT_WAIT_SECONDS,
-    poll_seconds: float = DEFAULT_POLL_SECONDS,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> Reservation:
-    """Return the plan for ``request``, buying it at most once.
+) -> Purchase:
+    """The plan for ``request``, bought at most once; returns without waiting for it.
 
-    1. A plan named ``request.plan_name()`` exists: wait for it, verify that it serves the
-       request (target, instance type, AZ, count) and return it (never buy twice).
+    1. A plan named ``request.plan_name()`` exists: it is the one (never buy twice).
     2. The environment holds another live plan (not Failed/Expired, not ended): refuse — a
        second plan for one environment is never bought implicitly.
     3. Otherwise search, rank, and buy the best offering in the environment's AZ with a fee of at
        most ``max_upfront_fee`` — only when ``purchase_approved``; any other case raises a
        CapacityError listing the offerings.
+
+    A bought plan is Pending until its payment clears: :func:`ready_plan` says when it may be used.
     """
     name = request.plan_name()
-
-    def ready_plan() -> TrainingPlan:
-        plan = wait_for_plan(
-            client, name, timeout_seconds=timeout_seconds, poll_seconds=poll_seconds, sleep=sleep, clock=clock
-        )
-        problems = plan_problems(
-            plan,
-            instance_type=request.instance_type,
-            availability_zone=request.availability_zone,
-            instance_count=request.instance_count,
-        )
-        if problems:
-            raise CapacityError(
-                f"training plan {plan.name} does not fit the reservation: {'; '.join(problems)}: "
-                "check the plan in the SageMaker console; it is not used"
-            )
-        return plan
-
-    if describe_plan(client, name) is not None:
-        return Reservation(plan=ready_plan(), bought=False)
+    existing = describe_plan(client, name)
+    if existing is not None:
+        return Purchase(name=name, arn=existing.arn, bought=False)
 
     live = live_environment_plans(client, request.environment, now())
     if live:
@@ -710,8 +710,64 @@ def ensure_reserved_plan(
             f"{max_upfront_fee:,.2f}; offerings: {listing}"
         )
     best = buyable[0]
-    create_plan(client, name, best.offering_id)
-    return Reservation(plan=ready_plan(), bought=True, offering=best)
+    arn = create_plan(client, name, best.offering_id)
+    return Purchase(name=name, arn=arn, bought=True, offering=best)
+
+
+def ready_plan(client: Any, request: ReservationRequest) -> TrainingPlan | None:
+    """The reservation's plan once Scheduled/Active and fit for it; None while it is still Pending.
+
+    Raises :class:`CapacityError` when the plan is missing, Failed/Expired, or does not serve
+    the request (target, instance type, AZ, count).
+    """
+    name = request.plan_name()
+    plan = describe_plan(client, name)
+    if plan is None:
+        raise CapacityError(f"training plan {name} does not exist")
+    if not usable(plan):
+        return None
+    problems = plan_problems(
+        plan,
+        instance_type=request.instance_type,
+        availability_zone=request.availability_zone,
+        instance_count=request.instance_count,
+    )
+    if problems:
+        raise CapacityError(
+            f"training plan {plan.name} does not fit the reservation: {'; '.join(problems)}: "
+            "check the plan in the SageMaker console; it is not used"
+        )
+    return plan
+
+
+def ensure_reserved_plan(
+    client: Any,
+    request: ReservationRequest,
+    *,
+    max_upfront_fee: float,
+    purchase_approved: bool,
+    timeout_seconds: float = DEFAULT_WAIT_SECONDS,
+    poll_seconds: float = DEFAULT_POLL_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Reservation:
+    """:func:`find_or_buy_plan`, then poll :func:`ready_plan` until the plan may be used.
+
+    Raises :class:`PlanNotReadyError` when it is still pending after ``timeout_seconds``.
+    """
+    purchase = find_or_buy_plan(
+        client, request, max_upfront_fee=max_upfront_fee, purchase_approved=purchase_approved, now=now
+    )
+    deadline = clock() + timeout_seconds
+    while True:
+        plan = ready_plan(client, request)
+        if plan is not None:
+            return Reservation(plan=plan, bought=purchase.bought, offering=purchase.offering)
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise not_ready_error(purchase.name, "Pending", timeout_seconds)
+        sleep(min(poll_seconds, remaining))
 
 
 def live_environment_plans(client: Any, environment: str, now: datetime) -> list[TrainingPlan]:

@@ -7,9 +7,12 @@ Per ``EnvironmentConfig.capacity``:
   training jobs, instance type, AZ, instance count); ``plan_arn`` is its ARN;
 - ``reserve``: a custom resource finds the plan by its deterministic name or buys the best
   offering within ``max_upfront_fee`` in the environment's AZ, only with
-  ``purchase_approved``; ``plan_arn`` is the custom resource's ``PlanArn`` attribute.
+  ``purchase_approved``; ``plan_arn`` is the custom resource's ``PlanArn`` attribute. It is
+  asynchronous: the purchase returns at once and an ``isComplete`` check polls the plan until
+  its payment clears (Pending → Scheduled/Active), for up to an hour, the longest
+  CloudFormation waits for a custom resource.
 
-The handler (``lambda/training_plan/index.py``) runs under the CDK ``Provider`` framework. Its
+The handlers (``lambda/training_plan/index.py``) run under the CDK ``Provider`` framework. Their
 asset is bundled locally (no Docker) with a copy of ``btk/capacity.py``, the one source of the
 training-plan rules shared with ``btk capacity``.
 """
@@ -17,6 +20,7 @@ training-plan rules shared with ``btk capacity``.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +41,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
@@ -50,18 +55,33 @@ HANDLER_DIR = Path(__file__).parent / "lambda" / "training_plan"
 CAPACITY_MODULE = Path(capacity.__file__)
 #: The latest Python runtime aws-cdk-lib 2.275 knows.
 HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
-#: Lambda's hard limit; the handler keeps a margin to answer CloudFormation.
-HANDLER_TIMEOUT = Duration.minutes(15)
-#: Describing a plan: all the handler does in ``existing`` mode.
+#: One search, one list and one purchase (onEvent), or one describe (isComplete), with botocore's retries.
+HANDLER_TIMEOUT = Duration.minutes(5)
+#: Describing a plan: all the handler does in ``existing`` mode, and all ``isComplete`` does.
 DESCRIBE_PLAN_ACTION = "sagemaker:DescribeTrainingPlan"
 #: Finding offerings and this account's plans: these act on no resource and accept only ``*``.
 PLAN_LOOKUP_ACTIONS = ("sagemaker:SearchTrainingPlanOfferings", "sagemaker:ListTrainingPlans")
 #: Buying and describing one plan: limited to this environment's plan names.
 OWN_PLAN_ACTIONS = ("sagemaker:CreateTrainingPlan", DESCRIBE_PLAN_ACTION)
-#: The only SageMaker actions the handler may call.
-PLAN_ACTIONS = (*PLAN_LOOKUP_ACTIONS, *OWN_PLAN_ACTIONS)
-#: How long Create waits for a bought plan to become Scheduled/Active, unless the props say otherwise.
-DEFAULT_WAIT_TIMEOUT = Duration.minutes(10)
+#: What CreateTrainingPlan needs besides itself (the Service Authorization Reference's dependent
+#: actions, and the managed policy AmazonSageMakerTrainingPlanCreateAccess): the plan's reserved
+#: capacity is created, and both are tagged, as the caller.
+#: https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonsagemaker.html
+#: https://docs.aws.amazon.com/sagemaker/latest/dg/training-plan-iam-permissions.html
+RESERVED_CAPACITY_ACTION = "sagemaker:CreateReservedCapacity"
+TAG_ACTION = "sagemaker:AddTags"
+#: The only SageMaker actions the handlers may call or have called on their behalf.
+PLAN_ACTIONS = (*PLAN_LOOKUP_ACTIONS, *OWN_PLAN_ACTIONS, RESERVED_CAPACITY_ACTION, TAG_ACTION)
+#: The longest CloudFormation waits for a custom resource (``ServiceTimeout``, 3600 s at most),
+#: and so the waiter's total timeout; the Provider framework allows no more either.
+#: https://docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/aws-resource-cloudformation-customresource.html
+TOTAL_TIMEOUT = Duration.hours(1)
+#: How often ``isComplete`` describes a bought plan.
+QUERY_INTERVAL = Duration.minutes(1)
+#: How long a bought plan may stay Pending before the deploy fails with "deploy again", unless the
+#: props say otherwise: the total timeout less room for the last checks, so the user reads that
+#: line and not the framework's bare "timed out".
+DEFAULT_WAIT_TIMEOUT = Duration.minutes(55)
 
 
 @jsii.implements(ILocalBundling)
@@ -133,7 +153,7 @@ def _skip_checkov(*functions: Any) -> None:
         )
 
 
-def _depend_on_policy_only(function: Any, role: iam.Role) -> None:
+def _depend_on_policy_only(function: Any, role: Any) -> None:
     """Keep the function's DependsOn on its role's policy, drop the one on the role.
 
     The role is already a dependency through ``Fn::GetAtt`` (cfn-lint W3005); the policy must
@@ -157,8 +177,9 @@ class TrainingPlanReservationProps:
         :class:`~training_constructs.data_stage.DataKey` does.
     :param availability_zone: the AZ of the network/file system this plan must serve.
         Default: None, i.e. ``environment.availability_zone``; a different value fails synth.
-    :param wait_timeout: how long Create waits for a bought plan to become Scheduled/Active
-        (at most the 15-minute Lambda limit less a margin). Default: None, i.e. 10 minutes.
+    :param wait_timeout: how long a deploy waits for a bought plan to become Scheduled/Active
+        (``reserve`` mode; at most the one-hour custom-resource limit less two query intervals).
+        Default: None, i.e. 55 minutes.
     :param log_retention: retention of the handler's logs. Default: None, i.e.
         ``environment.log_retention_days``.
     """
@@ -199,7 +220,6 @@ class TrainingPlanReservation(Construct):
             "Mode": self.mode,
             "InstanceType": env_config.instance_type,
             "AvailabilityZone": env_config.availability_zone,
-            "WaitSeconds": str(int(wait.to_seconds())),
         }
         plan_resources: list[str]
         if isinstance(env_config.capacity, ExistingPlanCapacity):
@@ -234,34 +254,17 @@ class TrainingPlanReservation(Construct):
             description=f"training-plan custom resource of {env_config.name}: search/create/describe/list plans",
         )
         handler_logs.grant_write(role)
-        if self.mode == "reserve":
-            role.add_to_policy(
-                iam.PolicyStatement(sid="SearchAndListPlans", actions=list(PLAN_LOOKUP_ACTIONS), resources=["*"])
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="BuyAndDescribeOwnPlans", actions=list(OWN_PLAN_ACTIONS), resources=plan_resources
-                )
-            )
+        if isinstance(env_config.capacity, ReservePlanCapacity):
+            self._grant_purchase(role, plan_resources)
         else:
             role.add_to_policy(
                 iam.PolicyStatement(
                     sid="DescribeConfiguredPlan", actions=[DESCRIBE_PLAN_ACTION], resources=plan_resources
                 )
             )
-
-        self.handler = lambda_.Function(
-            self,
-            "Handler",
-            runtime=HANDLER_RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="index.on_event",
-            code=handler_code(),
-            timeout=HANDLER_TIMEOUT,
-            memory_size=256,
-            role=role,
-            log_group=handler_logs,
-            description=f"Verifies or buys the SageMaker training plan of {env_config.name} (never twice)",
+        self.handler = self._function(
+            "Handler", "index.on_event", role, handler_logs,
+            f"Verifies or buys the SageMaker training plan of {env_config.name} (never twice)",
         )
         provider_logs = logs.LogGroup(
             self, "ProviderLogs", retention=retention, encryption_key=log_key, removal_policy=removal
@@ -273,12 +276,18 @@ class TrainingPlanReservation(Construct):
             description=f"CDK Provider framework onEvent of the {env_config.name} training-plan resource",
         )
         provider_logs.grant_write(framework_role)
+        waiter: dict[str, Any] = {}
+        self.completion_handler: lambda_.Function | None = None
+        if self.mode == "reserve":
+            waiter = self._waiter(plan_resources, handler_logs, provider_logs)
+            properties["WaitSeconds"] = str(int(wait.to_seconds()))
         provider = cr.Provider(
             self,
             "Provider",
             on_event_handler=self.handler,
             framework_on_event_role=framework_role,
             log_group=provider_logs,
+            **waiter,
         )
         self.custom_resource = CustomResource(
             self,
@@ -286,6 +295,7 @@ class TrainingPlanReservation(Construct):
             service_token=provider.service_token,
             resource_type="Custom::TrainingPlan",
             properties=properties,
+            service_timeout=TOTAL_TIMEOUT,
         )
         self.plan_arn = self.custom_resource.get_att_string("PlanArn")
         self._plan_resources = plan_resources
@@ -294,6 +304,102 @@ class TrainingPlanReservation(Construct):
         _skip_checkov(self.handler, framework)
         _depend_on_policy_only(self.handler, role)
         _depend_on_policy_only(framework, framework_role)
+        if self.completion_handler is not None:
+            self._finish_waiter(provider)
+
+    def _grant_purchase(self, role: iam.Role, plan_resources: list[str]) -> None:
+        """Search and list (``*`` only), buy and describe this environment's plans, and what a purchase needs."""
+        stack = Stack.of(self)
+        self._reserved_capacity = stack.format_arn(service="sagemaker", resource="reserved-capacity", resource_name="*")
+        role.add_to_policy(
+            iam.PolicyStatement(sid="SearchAndListPlans", actions=list(PLAN_LOOKUP_ACTIONS), resources=["*"])
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(sid="BuyAndDescribeOwnPlans", actions=list(OWN_PLAN_ACTIONS), resources=plan_resources)
+        )
+        # The reserved capacity SageMaker creates for a plan is named by SageMaker (a random
+        # string), so its ARN is known only as reserved-capacity/* of this account and region.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="CreateThePlansReservedCapacity",
+                actions=[RESERVED_CAPACITY_ACTION],
+                resources=[self._reserved_capacity],
+            )
+        )
+        # No sagemaker:TaggingAction condition: AWS documents none for these two calls, and a
+        # condition SageMaker's call did not meet would fail every purchase after charging nothing,
+        # which nothing offline can show.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="TagThePlanAndItsCapacity",
+                actions=[TAG_ACTION],
+                resources=[*plan_resources, self._reserved_capacity],
+            )
+        )
+
+    def _function(
+        self, construct_id: str, entry: str, role: iam.Role, log_group: logs.LogGroup, description: str
+    ) -> lambda_.Function:
+        return lambda_.Function(
+            self,
+            construct_id,
+            runtime=HANDLER_RUNTIME,
+            architecture=lambda_.Architecture.ARM_64,
+            handler=entry,
+            code=handler_code(),
+            timeout=HANDLER_TIMEOUT,
+            memory_size=256,
+            role=role,
+            log_group=log_group,
+            description=description,
+        )
+
+    def _waiter(
+        self, plan_resources: list[str], handler_logs: logs.LogGroup, provider_logs: logs.LogGroup
+    ) -> dict[str, Any]:
+        """The ``isComplete`` handler (describe only) and the Provider's waiter settings."""
+        env_config = self.env_config
+        completion_role = iam.Role(
+            self,
+            "CompletionRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"training-plan isComplete check of {env_config.name}: describe its own plans",
+        )
+        handler_logs.grant_write(completion_role)
+        completion_role.add_to_policy(
+            iam.PolicyStatement(sid="DescribeOwnPlans", actions=[DESCRIBE_PLAN_ACTION], resources=plan_resources)
+        )
+        self.completion_handler = self._function(
+            "CompletionHandler", "index.is_complete", completion_role, handler_logs,
+            f"Says when the SageMaker training plan of {env_config.name} may be used",
+        )
+        self._completion_role = completion_role
+        self._framework_waiter_role = iam.Role(
+            self,
+            "ProviderWaiterRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"CDK Provider framework isComplete/onTimeout of the {env_config.name} training-plan resource",
+        )
+        provider_logs.grant_write(self._framework_waiter_role)
+        return {
+            "is_complete_handler": self.completion_handler,
+            "query_interval": QUERY_INTERVAL,
+            "total_timeout": TOTAL_TIMEOUT,
+            "framework_complete_and_timeout_role": self._framework_waiter_role,
+            "disable_waiter_state_machine_logging": False,
+            "waiter_state_machine_log_options": cr.LogOptions(
+                destination=provider_logs, level=sfn.LogLevel.ALL, include_execution_data=False
+            ),
+        }
+
+    def _finish_waiter(self, provider: cr.Provider) -> None:
+        assert self.completion_handler is not None
+        waiter_functions = [provider.node.find_child(name) for name in ("framework-isComplete", "framework-onTimeout")]
+        _skip_checkov(self.completion_handler, *waiter_functions)
+        _depend_on_policy_only(self.completion_handler, self._completion_role)
+        for function in waiter_functions:
+            _depend_on_policy_only(function, self._framework_waiter_role)
+        self._acknowledge_waiter(provider)
 
     def _validate_props(self, props: TrainingPlanReservationProps) -> None:
         """Synth-time checks (capacity, region, wait), each failing with one line naming the prop."""
@@ -306,8 +412,12 @@ class TrainingPlanReservation(Construct):
         if not Token.is_unresolved(stack.region) and stack.region != env_config.region:
             raise ValueError(f"{self.node.path}: stack region {stack.region} is not region {env_config.region}")
         wait = props.wait_timeout or DEFAULT_WAIT_TIMEOUT
-        if env_config.capacity.mode != "on_demand" and wait.to_seconds() > HANDLER_TIMEOUT.to_seconds() - 60:
-            raise ValueError(f"{self.node.path}: wait_timeout must be at most 14 minutes (Lambda limit 15)")
+        longest = TOTAL_TIMEOUT.to_seconds() - 2 * QUERY_INTERVAL.to_seconds()
+        if env_config.capacity.mode == "reserve" and not 0 < wait.to_seconds() <= longest:
+            raise ValueError(
+                f"{self.node.path}: wait_timeout must be more than 0 and at most {longest / 60:.0f} minutes "
+                f"(CloudFormation waits {TOTAL_TIMEOUT.to_minutes():.0f} minutes for a custom resource)"
+            )
 
     def grant_describe(self, grantee: iam.IGrantable) -> iam.Grant | None:
         """Let ``grantee`` describe this plan (None for on_demand: there is no plan)."""
@@ -331,9 +441,44 @@ class TrainingPlanReservation(Construct):
                 "the plan's name is derived from its reservation inputs at deploy time; the role may only "
                 f"create/describe plans named {capacity.plan_name_prefix(self.env_config.name)}<8 hex>",
             )
+            acknowledge_wildcard_resources(
+                role,
+                [self._reserved_capacity],
+                "SageMaker names a plan's reserved capacity itself (a random string) when the plan is bought; "
+                "CreateReservedCapacity and AddTags are limited to this account and region",
+            )
+        completion = [self.completion_handler] if self.completion_handler is not None else []
+        self._acknowledge_invoke(framework_role, [self.handler, *completion])
+
+    def _acknowledge_invoke(self, role: IConstruct, functions: Sequence[Any]) -> None:
+        for function in functions:
+            acknowledge(
+                role,
+                f"AwsSolutions-IAM5[Resource::{finding_token(function.function_arn, self)}:*]",
+                "the CDK Provider framework grants lambda:InvokeFunction on the functions it calls and their "
+                "versions (ARN suffix :*), nothing else",
+            )
+
+    def _acknowledge_waiter(self, provider: cr.Provider) -> None:
+        """The waiter's state machine: framework code, logged to the encrypted provider log group."""
+        assert self.completion_handler is not None
+        self._acknowledge_invoke(self._framework_waiter_role, [self.handler, self.completion_handler])
+        state_machine = provider.node.find_child("waiter-state-machine")
+        machine_role = state_machine.node.find_child("Role")
+        _depend_on_policy_only(state_machine, machine_role)
+        self._acknowledge_invoke(
+            machine_role,
+            [provider.node.find_child(name) for name in ("framework-isComplete", "framework-onTimeout")],
+        )
         acknowledge(
-            framework_role,
-            f"AwsSolutions-IAM5[Resource::{finding_token(self.handler.function_arn, self)}:*]",
-            "the CDK Provider framework grants lambda:InvokeFunction on the handler and its versions "
-            "(ARN suffix :*), nothing else",
+            machine_role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "Step Functions log delivery (logs:CreateLogDelivery, GetLogDelivery, ListLogDeliveries, "
+            "PutResourcePolicy, DescribeLogGroups ...) accepts only '*'; the CDK grants it for the waiter's logs",
+        )
+        acknowledge(
+            state_machine,
+            "AwsSolutions-SF2",
+            "the waiter calls one Lambda function once a minute and logs every execution to the encrypted "
+            "provider log group; X-Ray would trace nothing the handlers' logs do not show",
         )

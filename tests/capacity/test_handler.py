@@ -21,6 +21,7 @@ from capacity_fixtures import (
 )
 
 from btk import capacity
+from training_constructs.training_plan import QUERY_INTERVAL
 
 handler = load_handler()
 
@@ -71,9 +72,25 @@ def expect_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, name: str = NAME,
     stubbed_sagemaker.stubber.add_response("list_training_plans", {"TrainingPlanSummaries": held or []})
 
 
+#: The construct's query interval: how long the Provider framework's waiter sleeps between isComplete calls.
+QUERY_SECONDS = QUERY_INTERVAL.to_seconds()
+
+
 def run(stubbed_sagemaker: StubbedSageMaker, evt: dict[str, Any], clock: FakeClock | None = None) -> dict[str, Any]:
+    """What the CDK Provider framework does: onEvent once, then isComplete every query interval until
+    it answers complete (or raises); the two answers' ``Data`` are merged, isComplete's last."""
     clock = clock or FakeClock()
-    result: dict[str, Any] = handler.handle(evt, stubbed_sagemaker.client, sleep=clock.sleep, clock=clock.clock)
+    client = stubbed_sagemaker.client
+    response: dict[str, Any] = handler.handle(evt, client, clock=clock.clock)
+    data = dict(response.get("Data") or {})
+    while True:
+        check = handler.check_complete(
+            {**evt, "PhysicalResourceId": response["PhysicalResourceId"], "Data": data}, client, clock=clock.clock
+        )
+        if check["IsComplete"]:
+            result: dict[str, Any] = {**response, "Data": {**data, **check.get("Data", {})}}
+            break
+        clock.sleep(QUERY_SECONDS)
     return result
 
 
@@ -114,9 +131,15 @@ def test_create_with_approval_and_fee_in_range_buys_the_best_offering_in_the_az(
     stubbed_sagemaker.done()
     assert result == {
         "PhysicalResourceId": plan_arn(NAME),
-        "Data": {"PlanArn": plan_arn(NAME), "PlanName": NAME, "Status": "Scheduled", "Bought": "true"},
+        "Data": {
+            "PlanArn": plan_arn(NAME),
+            "PlanName": NAME,
+            "Status": "Scheduled",
+            "Bought": "true",
+            "WaitUntil": RESERVE["WaitSeconds"],  # the purchase at t=0, plus WaitSeconds
+        },
     }
-    assert clock.sleeps == [capacity.DEFAULT_POLL_SECONDS]
+    assert clock.sleeps == [QUERY_SECONDS]  # one isComplete saw Pending, the next Scheduled
 
 
 def test_fee_over_the_ceiling_fails_listing_the_offerings_and_buys_nothing(stubbed_sagemaker: StubbedSageMaker) -> None:
@@ -182,7 +205,7 @@ def test_empty_offering_list_fails_with_the_window(stubbed_sagemaker: StubbedSag
 def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
     stubbed_sagemaker: StubbedSageMaker,
 ) -> None:
-    # First deploy: buys, then the plan stays Pending past the deadline -> the deploy fails.
+    # First deploy: buys, then the plan stays Pending past WaitSeconds -> the deploy fails.
     expect_not_bought_yet(stubbed_sagemaker)
     stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
@@ -193,7 +216,7 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
         {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
     )
     short_wait = {**RESERVE, "WaitSeconds": "30"}
-    for _ in range(3):  # t=0, t=15, t=30 -> deadline
+    for _ in range(2):  # isComplete at t=0 and t=60 (past the 30 s) -> the deploy fails
         stubbed_sagemaker.stubber.add_response(
             "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
         )
@@ -220,7 +243,7 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
         "ListTrainingPlans",
         "SearchTrainingPlanOfferings",
         "CreateTrainingPlan",
-        *["DescribeTrainingPlan"] * 3,
+        *["DescribeTrainingPlan"] * 2,
         *["DescribeTrainingPlan"] * 3,
     ]
     stubbed_sagemaker.done()
@@ -453,7 +476,44 @@ def test_bad_properties_fail_before_any_call(
     assert stubbed_sagemaker.calls == []
 
 
-def test_wait_is_bounded_by_the_lambda_time_left() -> None:
-    assert handler._wait_seconds({"WaitSeconds": "600"}, remaining_seconds=200.0) == 170.0
-    assert handler._wait_seconds({"WaitSeconds": "60"}, remaining_seconds=900.0) == 60.0
-    assert handler._wait_seconds({}, remaining_seconds=None) == capacity.DEFAULT_WAIT_SECONDS
+def test_a_plan_whose_payment_fails_fails_the_deploy_while_waiting(stubbed_sagemaker: StubbedSageMaker) -> None:
+    expect_not_bought_yet(stubbed_sagemaker)
+    stubbed_sagemaker.stubber.add_response(
+        "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
+    )
+    stubbed_sagemaker.stubber.add_response(
+        "create_training_plan",
+        {"TrainingPlanArn": plan_arn(NAME)},
+        {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
+    )
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
+    failed = {**described_plan(NAME, status="Failed"), "StatusMessage": "Payment declined"}
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", failed)
+
+    with pytest.raises(capacity.CapacityError, match=f"training plan {NAME} is Failed: Payment declined"):
+        run(stubbed_sagemaker, event("Create", RESERVE))
+
+    assert stubbed_sagemaker.calls.count("CreateTrainingPlan") == 1
+    stubbed_sagemaker.done()
+
+
+def test_on_event_returns_without_waiting_and_is_complete_reports_pending_until_the_deadline(
+    stubbed_sagemaker: StubbedSageMaker,
+) -> None:
+    """onEvent never polls (the framework does); isComplete says not complete, then fails past WaitUntil."""
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
+    clock = FakeClock()
+    clock.now = 1000.0
+
+    response = handler.handle(event("Create", RESERVE), stubbed_sagemaker.client, clock=clock.clock)
+
+    assert stubbed_sagemaker.calls == ["DescribeTrainingPlan"]
+    assert response["Data"]["WaitUntil"] == "1600"
+    check_event = {**event("Create", RESERVE), "PhysicalResourceId": plan_arn(NAME), "Data": response["Data"]}
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
+    clock.now = 1599.0
+    assert handler.check_complete(check_event, stubbed_sagemaker.client, clock=clock.clock) == {"IsComplete": False}
+    stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
+    clock.now = 1600.0
+    with pytest.raises(capacity.PlanNotReadyError, match="still Pending after 600s; deploy again"):
+        handler.check_complete(check_event, stubbed_sagemaker.client, clock=clock.clock)

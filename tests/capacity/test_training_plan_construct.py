@@ -21,7 +21,14 @@ from capacity_fixtures import ACCOUNT, REGION
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCapacity, ReservePlanCapacity
 from training_constructs.nag import apply_nag
-from training_constructs.training_plan import PLAN_ACTIONS, TrainingPlanReservation, TrainingPlanReservationProps
+from training_constructs.training_plan import (
+    DEFAULT_WAIT_TIMEOUT,
+    PLAN_ACTIONS,
+    RESERVED_CAPACITY_ACTION,
+    TAG_ACTION,
+    TrainingPlanReservation,
+    TrainingPlanReservationProps,
+)
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -61,6 +68,11 @@ class Synth:
         self.outdir = Path(assembly.directory)
         self.template = Template.from_stack(self.stack)
         self.json: dict[str, Any] = self.template.to_json()
+
+    def one_id(self, resource_type: str) -> str:
+        found = [key for key, value in self.json["Resources"].items() if value["Type"] == resource_type]
+        assert len(found) == 1, found
+        return found[0]
 
     def resolve(self, value: Any) -> Any:
         return self.stack.resolve(value)
@@ -114,7 +126,7 @@ def test_reserve_custom_resource_carries_the_reservation_inputs(reserve: Synth) 
             "Mode": "reserve",
             "MaxUpfrontFee": "150000.0",
             "PurchaseApproved": "true",
-            "WaitSeconds": "600",
+            "WaitSeconds": str(int(DEFAULT_WAIT_TIMEOUT.to_seconds())),
             "ServiceToken": Match.any_value(),
         },
     )
@@ -127,13 +139,15 @@ def test_reserve_custom_resource_carries_the_reservation_inputs(reserve: Synth) 
 
 
 def test_plan_actions_are_the_sagemaker_operations_btk_capacity_calls() -> None:
-    """The handler's policy grants what the bundled ``btk/capacity.py`` calls, and nothing else."""
+    """The handler's policy grants what the bundled ``btk/capacity.py`` calls, plus what a purchase
+    needs on the caller's behalf (the reference check, tests/infra/test_permission_reference.py,
+    derives those from AWS's Service Authorization Reference), and nothing else."""
     import re
 
     source = Path(capacity.__file__).read_text()
     operations = set(re.findall(r'_call\(client, "(\w+)"', source)) | set(re.findall(r"client\.(\w+)\(", source))
     called = {"sagemaker:" + "".join(part.capitalize() for part in name.split("_")) for name in operations}
-    assert called == set(PLAN_ACTIONS) == {
+    assert called == set(PLAN_ACTIONS) - {RESERVED_CAPACITY_ACTION, TAG_ACTION} == {
         "sagemaker:SearchTrainingPlanOfferings",
         "sagemaker:CreateTrainingPlan",
         "sagemaker:DescribeTrainingPlan",
@@ -141,10 +155,15 @@ def test_plan_actions_are_the_sagemaker_operations_btk_capacity_calls() -> None:
     }
 
 
-def test_handler_runs_on_the_latest_python_with_the_lambda_limit(reserve: Synth) -> None:
-    reserve.template.has_resource_properties(
-        "AWS::Lambda::Function", {"Runtime": "python3.14", "Handler": "index.on_event", "Timeout": 900}
-    )
+def test_handlers_run_on_the_latest_python_and_the_waiter_runs_for_the_custom_resource_limit(reserve: Synth) -> None:
+    for entry in ("index.on_event", "index.is_complete"):
+        reserve.template.has_resource_properties(
+            "AWS::Lambda::Function", {"Runtime": "python3.14", "Handler": entry, "Timeout": 300}
+        )
+    # The framework's waiter: isComplete every minute for an hour, CloudFormation's longest wait.
+    definition = json.dumps(reserve.json["Resources"][reserve.one_id("AWS::StepFunctions::StateMachine")])
+    assert '\\"IntervalSeconds\\":60' in definition and '\\"MaxAttempts\\":60' in definition
+    reserve.template.has_resource_properties("Custom::TrainingPlan", {"ServiceTimeout": "3600"})
 
 
 def test_reserve_role_may_only_search_create_describe_and_list_its_own_plans(reserve: Synth) -> None:
@@ -160,6 +179,14 @@ def test_reserve_role_may_only_search_create_describe_and_list_its_own_plans(res
             ["arn:", {"Ref": "AWS::Partition"}, f":sagemaker:{REGION}:{ACCOUNT}:training-plan/btk-prod-????????"],
         ]
     }
+    capacity_arn = {
+        "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":sagemaker:{REGION}:{ACCOUNT}:reserved-capacity/*"]]
+    }
+    assert reserve.resolve(by_sid["CreateThePlansReservedCapacity"]["Resource"]) == capacity_arn
+    assert reserve.resolve(by_sid["TagThePlanAndItsCapacity"]["Resource"]) == [
+        reserve.resolve(by_sid["BuyAndDescribeOwnPlans"]["Resource"]),
+        capacity_arn,
+    ]
     assert all(s["Effect"] == "Allow" for s in statements)
 
 
@@ -191,13 +218,22 @@ def test_existing_role_may_only_describe_the_configured_plan(existing: Synth) ->
     )
 
 
-def test_provider_framework_role_only_invokes_the_handler_and_writes_its_logs(reserve: Synth) -> None:
+def test_provider_framework_roles_only_invoke_the_handlers_start_the_waiter_and_write_logs(reserve: Synth) -> None:
     assert actions(reserve.role_statements("ProviderRole")) == {
+        "lambda:InvokeFunction",
+        "lambda:GetFunction",
+        "states:StartExecution",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    }
+    assert actions(reserve.role_statements("ProviderWaiterRole")) == {
         "lambda:InvokeFunction",
         "lambda:GetFunction",
         "logs:CreateLogStream",
         "logs:PutLogEvents",
     }
+    completion = [s for s in reserve.role_statements("CompletionRole") if s.get("Sid") == "DescribeOwnPlans"]
+    assert [s["Action"] for s in completion] == ["sagemaker:DescribeTrainingPlan"]
 
 
 def test_no_role_uses_a_managed_policy(reserve: Synth) -> None:
@@ -207,7 +243,7 @@ def test_no_role_uses_a_managed_policy(reserve: Synth) -> None:
 
 def test_lambdas_carry_checkov_skips_with_reasons(reserve: Synth) -> None:
     functions = reserve.template.find_resources("AWS::Lambda::Function")
-    assert len(functions) == 2
+    assert len(functions) == 5  # onEvent, isComplete, and the framework's onEvent, isComplete, onTimeout
     for function in functions.values():
         skips = function["Metadata"]["checkov"]["skip"]
         assert {skip["id"] for skip in skips} == {"CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117", "CKV_AWS_173"}
@@ -304,14 +340,14 @@ def test_stack_in_another_region_fails_synth() -> None:
         )
 
 
-def test_wait_timeout_beyond_the_lambda_limit_fails_synth() -> None:
+def test_wait_timeout_beyond_the_custom_resource_limit_fails_synth() -> None:
     stack = cdk.Stack(cdk.App(), "S")
-    with pytest.raises(ValueError, match=r"wait_timeout must be at most 14 minutes"):
+    with pytest.raises(ValueError, match=r"wait_timeout must be more than 0 and at most 58 minutes"):
         TrainingPlanReservation(
             stack,
             "Plan",
             props=TrainingPlanReservationProps(
-                environment=environment(RESERVE), log_key=log_key(stack), wait_timeout=cdk.Duration.minutes(15)
+                environment=environment(RESERVE), log_key=log_key(stack), wait_timeout=cdk.Duration.minutes(59)
             ),
         )
 

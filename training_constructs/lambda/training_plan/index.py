@@ -1,14 +1,18 @@
-"""Custom-resource handler (CDK Provider framework ``onEvent``) for a SageMaker training plan.
+"""Custom-resource handlers (CDK Provider framework ``onEvent`` and ``isComplete``) for a SageMaker training plan.
 
 The asset holds this file plus a copy of ``btk/capacity.py`` (bundled at synth by
 ``training_constructs/training_plan.py``), so all training-plan logic has one source; this
 module only maps CloudFormation lifecycle events onto it:
 
 - ``existing`` mode: Create/Update verify the configured plan (exists, serves training jobs,
-  instance type, AZ, instance count); the physical id is the plan ARN.
+  instance type, AZ, instance count); the physical id is the plan ARN; complete at once.
 - ``reserve`` mode: Create finds the plan by its deterministic name or buys the best eligible
   offering (fee <= ceiling, environment's AZ, purchase approved); otherwise the deploy fails
-  with the offerings listed.
+  with the offerings listed. ``onEvent`` returns as soon as the plan exists; ``isComplete``,
+  called by the framework every query interval, answers complete once the plan is
+  Scheduled/Active and fits the reservation, fails the deploy when it is Failed/Expired, and
+  fails it with "deploy again" once ``WaitSeconds`` have passed since the purchase (a plan
+  stays Pending until its payment clears; a second deploy finds it by name).
 - Update: a no-op (same physical id and ARN, no API call) unless the reservation inputs
   changed, in which case it behaves like Create for the new inputs.
 - Delete: no API call. A plan has no delete API and expires on its own end date.
@@ -19,6 +23,8 @@ Custom-resource property values arrive as strings; ``Data.PlanArn`` is what the 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from btk import capacity
@@ -35,32 +41,29 @@ IDENTITY_PROPERTIES = (
     "DurationHours",
     "AvailabilityZone",
 )
-#: Seconds kept free at the end of the invocation to report back to CloudFormation.
-RESPONSE_MARGIN_SECONDS = 30.0
+#: ``Data`` key of the instant (epoch seconds) after which a plan still Pending fails the deploy.
+WAIT_UNTIL = "WaitUntil"
 
 
 def sagemaker_client() -> Any:
-    """The client the handler uses in Lambda (tests pass a stubbed one to :func:`handle`)."""
+    """The client the handlers use in Lambda (tests pass a stubbed one to :func:`handle`)."""
     import boto3
 
     return boto3.client("sagemaker")
 
 
 def on_event(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda entry point."""
-    remaining = _remaining_seconds(context)
-    return handle(event, sagemaker_client(), remaining_seconds=remaining)
+    """Lambda entry point of ``onEvent``."""
+    return handle(event, sagemaker_client())
 
 
-def handle(
-    event: dict[str, Any],
-    client: Any,
-    *,
-    remaining_seconds: float | None = None,
-    sleep: Any = None,
-    clock: Any = None,
-) -> dict[str, Any]:
-    """Handle one Provider-framework event with ``client``; returns the framework's response."""
+def is_complete(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda entry point of ``isComplete``."""
+    return check_complete(event, sagemaker_client())
+
+
+def handle(event: dict[str, Any], client: Any, *, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Handle one ``onEvent`` with ``client``; returns the framework's response."""
     request_type = event["RequestType"]
     properties: dict[str, Any] = dict(event.get("ResourceProperties") or {})
     physical_id = event.get("PhysicalResourceId")
@@ -94,28 +97,40 @@ def handle(
         return _response(plan.arn, name=plan.name, status=plan.status, bought=False)
     if mode == "reserve":
         request = capacity.ReservationRequest.from_properties(properties)
-        wait: dict[str, Any] = {"timeout_seconds": _wait_seconds(properties, remaining_seconds)}
-        if sleep is not None:
-            wait["sleep"] = sleep
-        if clock is not None:
-            wait["clock"] = clock
-        reservation = capacity.ensure_reserved_plan(
+        purchase = capacity.find_or_buy_plan(
             client,
             request,
             max_upfront_fee=_fee_ceiling(properties),
             purchase_approved=str(properties.get("PurchaseApproved", "")).lower() == "true",
-            **wait,
         )
         _log(
             {
-                "PlanArn": reservation.plan.arn,
-                "Bought": reservation.bought,
-                "Offering": reservation.offering.to_json() if reservation.offering else None,
+                "PlanArn": purchase.arn,
+                "Bought": purchase.bought,
+                "Offering": purchase.offering.to_json() if purchase.offering else None,
             }
         )
-        plan = reservation.plan
-        return _response(plan.arn, name=plan.name, status=plan.status, bought=reservation.bought)
+        response = _response(purchase.arn, name=purchase.name, status="Pending", bought=purchase.bought)
+        response["Data"][WAIT_UNTIL] = str(int(clock() + _wait_seconds(properties)))
+        return response
     raise capacity.CapacityError(f"Mode {mode!r} is not existing or reserve")
+
+
+def check_complete(event: dict[str, Any], client: Any, *, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Handle one ``isComplete``: ``{"IsComplete": bool}``, with the plan's status once it may be used."""
+    data: dict[str, Any] = dict(event.get("Data") or {})
+    if event["RequestType"] == "Delete" or WAIT_UNTIL not in data:
+        return {"IsComplete": True}
+    properties: dict[str, Any] = dict(event.get("ResourceProperties") or {})
+    request = capacity.ReservationRequest.from_properties(properties)
+    plan = capacity.ready_plan(client, request)
+    if plan is not None:
+        _log({"PlanArn": plan.arn, "Status": plan.status})
+        return {"IsComplete": True, "Data": {"Status": plan.status}}
+    if clock() >= float(data[WAIT_UNTIL]):
+        raise capacity.not_ready_error(request.plan_name(), "Pending", _wait_seconds(properties))
+    _log({"PlanName": request.plan_name(), "Status": "Pending", WAIT_UNTIL: data[WAIT_UNTIL]})
+    return {"IsComplete": False}
 
 
 def _same_identity(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -129,16 +144,8 @@ def _fee_ceiling(properties: dict[str, Any]) -> float:
     return fee
 
 
-def _wait_seconds(properties: dict[str, Any], remaining_seconds: float | None) -> float:
-    wanted = float(properties.get("WaitSeconds") or capacity.DEFAULT_WAIT_SECONDS)
-    if remaining_seconds is None:
-        return wanted
-    return max(0.0, min(wanted, remaining_seconds - RESPONSE_MARGIN_SECONDS))
-
-
-def _remaining_seconds(context: Any) -> float | None:
-    remaining = getattr(context, "get_remaining_time_in_millis", None)
-    return remaining() / 1000.0 if callable(remaining) else None
+def _wait_seconds(properties: dict[str, Any]) -> float:
+    return float(properties.get("WaitSeconds") or capacity.DEFAULT_WAIT_SECONDS)
 
 
 def _response(physical_id: str, *, name: str, status: str, bought: bool) -> dict[str, Any]:
