@@ -4,7 +4,9 @@ The pipeline writes them, the trainer reads them back; both through this module.
 
 * the :class:`~btk.knobs.TrainingKnobs` fields, unprefixed (exactly what ``btk plan --json``
   reports under ``knobs``);
-* ``arch.<field>`` for the :class:`~btk.profile.ModelArchitecture`;
+* ``arch.<field>`` for the :class:`~btk.profile.ModelArchitecture` (the fields it lists in
+  ``LEFT_OUT_AT_DEFAULT`` only when not at their default, so the jobs of profiles that do not use
+  them keep exactly the hyperparameters they had before those fields existed);
 * ``train.<field>`` for the :class:`~btk.profile.TrainingIntent` (learning rate, ...);
 * ``job.<field>`` for :class:`JobSettings` (profile name, checkpointing cadence, seed).
 
@@ -114,13 +116,21 @@ def _decode(model: type[BaseModel], name: str, key: str, text: str) -> Any:
     return text
 
 
+def _left_out(section: BaseModel, name: str) -> bool:
+    """Whether field ``name`` is one its model leaves out of the hyperparameters at its default, and is at it."""
+    model = type(section)
+    optional: tuple[str, ...] = getattr(model, "LEFT_OUT_AT_DEFAULT", ())
+    return name in optional and getattr(section, name) == model.model_fields[name].default
+
+
 def to_hyperparameters(spec: JobHyperparameters) -> dict[str, str]:
     """Flatten to SageMaker's ``dict[str, str]``."""
     result = knobs_to_hyperparameters(spec.knobs)
     for prefix, attribute in _SECTIONS.items():
         section: BaseModel = getattr(spec, attribute)
         for name in type(section).model_fields:
-            result[f"{prefix}{name}"] = _encode(getattr(section, name))
+            if not _left_out(section, name):
+                result[f"{prefix}{name}"] = _encode(getattr(section, name))
     return result
 
 

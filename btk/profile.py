@@ -1,17 +1,22 @@
 """Model profiles: the architecture of a decoder model and what a team wants to train.
 
 A profile is a small typed definition (see ``profiles/``); the planner derives the knobs
-from it. Parameter counts are exact for Llama/Qwen2-style decoders (RMSNorm, RoPE, GQA,
-SwiGLU, optional QKV bias, optional tied embeddings) and checked in tests against the
-counts published with the checkpoints.
+from it. The architecture covers the dense decoders of the Llama 3.x, Mistral / Mistral NeMo,
+Qwen2.5, Qwen3 and OLMo 2 families (RMSNorm, RoPE, GQA, SwiGLU; optional QKV and output
+biases, a head width other than ``hidden_size / num_attention_heads``, QK-norm per head or
+over the whole projection, norms before or after each sublayer, tied embeddings). Parameter
+counts are exact for all of them and checked against the counts published with the
+checkpoints. What the trainer does not implement (mixture-of-experts, sliding-window
+attention, logit soft-capping, vision towers) is refused when a profile is loaded, in one
+line naming the field (:data:`UNSUPPORTED_FEATURES`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from btk.errors import FieldError
 from btk.knobs import (
@@ -32,6 +37,50 @@ PROFILE_NAME = re.compile(PROFILE_NAME_PATTERN.removeprefix("^").removesuffix("$
 """The same rule for Python's ``re``; use it with ``fullmatch`` (``$`` would accept a trailing newline)."""
 
 
+QkNorm = Literal["none", "head", "projection"]
+"""RMSNorm on the query and key projections: ``head`` normalises each head over ``head_dim`` with
+one weight of ``head_dim`` shared by the heads (Qwen3's ``q_norm``/``k_norm``); ``projection``
+normalises the whole projection output, all heads together, with one weight per element
+(OLMo 2's ``q_norm`` over ``heads·head_dim`` and ``k_norm`` over ``kv_heads·head_dim``, applied
+before the heads are split)."""
+
+NormPlacement = Literal["pre", "post"]
+"""Where each block's two RMSNorms sit: ``pre`` normalises a sublayer's input
+(``x + attn(norm(x))``, Llama/Qwen/Mistral); ``post`` normalises its output before the residual
+add (``x + norm(attn(x))``, OLMo 2)."""
+
+UNSUPPORTED_FEATURES: dict[str, str] = {
+    "num_experts": "mixture-of-experts layers",
+    "num_local_experts": "mixture-of-experts layers",
+    "n_routed_experts": "mixture-of-experts layers",
+    "moe_intermediate_size": "mixture-of-experts layers",
+    "sliding_window": "sliding-window attention",
+    "layer_types": "per-layer attention types (sliding-window attention)",
+    "final_logit_softcapping": "logit soft-capping",
+    "attn_logit_softcapping": "attention logit soft-capping",
+    "vision_config": "a vision tower (multimodal models)",
+    "audio_config": "an audio tower (multimodal models)",
+    "text_config": "a multimodal wrapper around the language model",
+}
+"""Architecture features the trainer does not implement, by the field that asks for them.
+
+A profile that names one is refused at load (never planned as something else); ``btk profile
+import`` refuses a ``config.json`` that turns one on."""
+
+HF_LAYOUTS: dict[tuple[str, str, bool, bool], str] = {
+    ("none", "pre", False, False): "llama",
+    ("none", "pre", True, True): "llama",
+    ("none", "pre", True, False): "qwen2",
+    ("head", "pre", False, False): "qwen3",
+    ("head", "pre", True, True): "qwen3",
+    ("projection", "post", False, False): "olmo2",
+    ("projection", "post", True, True): "olmo2",
+}
+"""The Hugging Face ``model_type`` that holds each block layout, keyed by
+``(qk_norm, norm_placement, attention_bias, attention_output_bias)``; Mistral's layout is Llama's.
+Exported checkpoints use it, so a profile can only describe a layout one of these implements."""
+
+
 class RopeScaling(BaseModel):
     """Llama 3.1-style RoPE frequency scaling (``rope_type: llama3`` in Hugging Face)."""
 
@@ -45,9 +94,19 @@ class RopeScaling(BaseModel):
 
 
 class ModelArchitecture(BaseModel):
-    """Shape of a Llama/Qwen-style decoder-only transformer."""
+    """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2 layouts).
+
+    The fields after ``rms_norm_eps`` came with the Qwen3, Mistral NeMo and OLMo 2 families;
+    their defaults describe the Llama/Qwen2 block every earlier profile meant, and at their
+    defaults they are left out of job hyperparameters (:attr:`LEFT_OUT_AT_DEFAULT`), so a
+    profile that does not use them plans, synthesizes and trains exactly as before.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = (
+        "head_dim", "qk_norm", "norm_placement", "attention_output_bias",
+    )
 
     num_layers: int = Field(ge=1, le=512)
     hidden_size: int = Field(ge=8, le=65536)
@@ -57,18 +116,45 @@ class ModelArchitecture(BaseModel):
     vocab_size: int = Field(ge=2, le=1_048_576)
     tied_embeddings: bool = False
     max_context: int = Field(ge=16, le=1_048_576)
-    attention_bias: bool = False
+    attention_bias: bool = Field(default=False, description="biases on the q, k and v projections")
     rope_theta: float = Field(default=500000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = Field(default=1e-5, gt=0, lt=1)
+    head_dim: int | None = Field(
+        default=None,
+        ge=2,
+        le=4096,
+        description="width of one attention head; None (the default) is hidden_size / num_attention_heads, "
+        "and giving that value is the same architecture (stored as None)",
+    )
+    qk_norm: QkNorm = Field(default="none", description="RMSNorm on q and k (see QkNorm); default none")
+    norm_placement: NormPlacement = Field(default="pre", description="norms before or after each sublayer; default pre")
+    attention_output_bias: bool = Field(default=False, description="a bias on the output projection; default none")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, feature in UNSUPPORTED_FEATURES.items():
+                if name in data:
+                    raise FieldError(name, f"{feature} is not supported by the trainer; remove {name}")
+        return data
+
+    @field_validator("head_dim")
+    @classmethod
+    def _derived_head_dim_is_the_default(cls, value: int | None, info: ValidationInfo) -> int | None:
+        hidden, heads = info.data.get("hidden_size"), info.data.get("num_attention_heads")
+        if value is not None and isinstance(hidden, int) and isinstance(heads, int) and hidden == heads * value:
+            return None
+        return value
 
     @model_validator(mode="after")
     def _heads_fit(self) -> ModelArchitecture:
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise FieldError(
                 "num_attention_heads",
                 f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
-                f"({self.hidden_size}); pick a head count that divides it",
+                f"({self.hidden_size}); pick a head count that divides it, or give head_dim",
             )
         if self.num_attention_heads % self.num_kv_heads:
             raise FieldError(
@@ -76,35 +162,58 @@ class ModelArchitecture(BaseModel):
                 f"num_kv_heads ({self.num_kv_heads}) must divide num_attention_heads "
                 f"({self.num_attention_heads}) for grouped-query attention",
             )
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise FieldError(
-                "num_attention_heads", "head dimension (hidden_size / num_attention_heads) must be even for RoPE"
-            )
+        if self.effective_head_dim % 2:
+            field = "head_dim" if self.head_dim is not None else "num_attention_heads"
+            raise FieldError(field, f"head dimension ({self.effective_head_dim}) must be even for RoPE")
+        layout = (self.qk_norm, self.norm_placement, self.attention_bias, self.attention_output_bias)
+        if layout not in HF_LAYOUTS:
+            raise FieldError(_layout_field(self), _layout_problem(self))
         return self
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def effective_head_dim(self) -> int:
+        """Width of one attention head: ``head_dim``, else ``hidden_size / num_attention_heads``."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the query projection and of attention's output: heads × head_dim (not always hidden_size)."""
+        return self.num_attention_heads * self.effective_head_dim
 
     @property
     def kv_dim(self) -> int:
         """Width of the K (and of the V) projection output."""
-        return self.num_kv_heads * self.head_dim
+        return self.num_kv_heads * self.effective_head_dim
+
+    @property
+    def hf_model_type(self) -> str:
+        """The Hugging Face ``model_type`` whose block this architecture is (see :data:`HF_LAYOUTS`)."""
+        return HF_LAYOUTS[(self.qk_norm, self.norm_placement, self.attention_bias, self.attention_output_bias)]
 
     @property
     def attention_parameters_per_layer(self) -> int:
-        h, kv = self.hidden_size, self.kv_dim
-        weights = h * h + 2 * h * kv + h * h  # wq, wk, wv, wo
-        bias = (h + 2 * kv) if self.attention_bias else 0
-        return weights + bias
+        """Projection weights and biases of one attention block (its QK-norm weights are norms)."""
+        h, q, kv = self.hidden_size, self.attention_width, self.kv_dim
+        weights = h * q + 2 * h * kv + q * h  # wq, wk, wv, wo
+        bias = (q + 2 * kv) if self.attention_bias else 0
+        return weights + bias + (h if self.attention_output_bias else 0)
 
     @property
     def mlp_parameters_per_layer(self) -> int:
         return 3 * self.hidden_size * self.ffn_hidden_size  # gate, up, down
 
     @property
+    def qk_norm_parameters_per_layer(self) -> int:
+        """Weights of one block's q_norm and k_norm."""
+        if self.qk_norm == "head":
+            return 2 * self.effective_head_dim
+        if self.qk_norm == "projection":
+            return self.attention_width + self.kv_dim
+        return 0
+
+    @property
     def parameters_per_layer(self) -> int:
-        norms = 2 * self.hidden_size
+        norms = 2 * self.hidden_size + self.qk_norm_parameters_per_layer
         return self.attention_parameters_per_layer + self.mlp_parameters_per_layer + norms
 
     @property
@@ -137,6 +246,27 @@ class ModelArchitecture(BaseModel):
         """
         linear_per_layer = self.attention_parameters_per_layer + self.mlp_parameters_per_layer
         return self.num_layers * linear_per_layer + self.vocab_size * self.hidden_size
+
+
+def _layout_field(arch: ModelArchitecture) -> str:
+    """The field to name when a block layout matches no Hugging Face family."""
+    if arch.norm_placement == "post" and arch.qk_norm != "projection":
+        return "norm_placement"
+    if arch.qk_norm == "projection" and arch.norm_placement != "post":
+        return "qk_norm"
+    return "attention_output_bias"
+
+
+def _layout_problem(arch: ModelArchitecture) -> str:
+    field = _layout_field(arch)
+    if field == "norm_placement":
+        return "norm_placement 'post' is OLMo 2's block and needs qk_norm 'projection'"
+    if field == "qk_norm":
+        return "qk_norm 'projection' is OLMo 2's block and needs norm_placement 'post'"
+    return (
+        f"attention_output_bias {arch.attention_output_bias} with attention_bias {arch.attention_bias} matches no "
+        "supported family: only Qwen2 (qk_norm 'none') has q/k/v biases without an output bias"
+    )
 
 
 class TrainingIntent(BaseModel):
@@ -186,7 +316,9 @@ class ModelProfile(BaseModel):
     training: TrainingIntent
     pinned: KnobPins = KnobPins()
     published_parameter_count: int | None = Field(
-        default=None, description="count published with the checkpoint, checked in tests"
+        default=None,
+        ge=1,
+        description="count published with the checkpoint; when given, the architecture must match it exactly",
     )
     source: str = Field(default="", description="where the architecture numbers come from")
     hf_model_id: str | None = None
@@ -215,6 +347,14 @@ class ModelProfile(BaseModel):
                     "pinned.tensor_parallel",
                     f"pinned.tensor_parallel ({tp}) must divide num_kv_heads ({self.architecture.num_kv_heads})",
                 )
+        published, counted = self.published_parameter_count, self.parameter_count
+        if published is not None and published != counted:
+            raise FieldError(
+                "published_parameter_count",
+                f"published_parameter_count ({published:,}) differs from the architecture's {counted:,} "
+                f"({counted - published:+,}): the architecture is not the published model; check head_dim, "
+                "qk_norm, tied_embeddings and the biases against its config.json",
+            )
         return self
 
     @property

@@ -18,6 +18,11 @@ The model sums, at the step's peak phase:
     ``8h + 2kv + 2f`` bytes, plus one layer's recompute working set in backward;
   - ``full``: only each block's input, ``2h`` bytes, plus one layer's full working set.
 
+  The tensors inside attention (q, its outputs; the terms tensor parallelism shards by head)
+  are ``a = heads·head_dim`` wide, which is ``h`` for most models but not all (Qwen3-4B:
+  4096 against a 2560 residual stream; Mistral NeMo: 4096 against 5120). QK-norm saves the
+  normalised q and k too (``a + kv`` more elements; eager, two fp32 intermediates per norm).
+
   Without ``torch.compile`` eager RMSNorm keeps two fp32 intermediates per norm (+16h).
   Tensor parallelism divides every term: the trainer runs it with sequence parallelism (as
   torchtitan), so besides the head- and FFN-sharded tensors the residual stream, the norms'
@@ -116,16 +121,19 @@ class MemoryBreakdown:
 
 def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """Bytes autograd keeps per token per layer between forward and backward."""
-    h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, knobs.tensor_parallel
+    h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
+    t = knobs.tensor_parallel
     # Sequence parallelism: the terms TP once left replicated (x, norm(x), h, norm(h), the block
     # input, the eager norms' fp32 intermediates) are sequence-sharded, so everything divides by t.
+    # Of the 10 hidden-wide terms, the 6 inside attention (TP shards them by head) are a wide.
     if knobs.activation_checkpointing == "none":
-        saved = (10 * h + 2 * kv + 4 * f) * BF16 / t
+        qk_norm = (a + kv) if arch.qk_norm != "none" else 0  # the normalised q and k
+        saved = (4 * h + 6 * a + 2 * kv + 4 * f + qk_norm) * BF16 / t
         if not knobs.compile:
-            saved += 16 * h / t  # two fp32 intermediates per eager RMSNorm, two norms
+            saved += (16 * h + 8 * qk_norm) / t  # two fp32 intermediates per eager RMSNorm
         return saved
     if knobs.activation_checkpointing == "selective":
-        return (4 * h + kv + f) * BF16 / t  # wq, SDPA, wv, w1, block input, w2
+        return (2 * h + 2 * a + kv + f) * BF16 / t  # wq, SDPA, wv, w1, block input, w2
     return 2 * h * BF16 / t  # full: block input only
 
 

@@ -4,10 +4,11 @@ Model (per GPU, per optimizer step):
 
 * **FLOPs.** Matmul FLOPs per token are ``6·N`` (forward 2N, backward 4N; Kaplan et al. 2020)
   with N the matmul parameters (blocks + output head, not the embedding lookup). Causal
-  attention executes ``6·L·h·s`` FLOPs per token with flash attention (half of the
-  ``12·L·h·s`` that the MFU convention below counts). Recompute adds the forward FLOPs that
-  the checkpointing mode re-runs: ``selective`` re-runs wk, wo and w3; ``full`` re-runs the
-  whole block forward including attention.
+  attention executes ``6·L·a·s`` FLOPs per token with flash attention (half of the
+  ``12·L·a·s`` that the MFU convention below counts), ``a`` the attention width
+  heads × head_dim (the hidden size for most models, not for Qwen3-4B or Mistral NeMo).
+  Recompute adds the forward FLOPs that the checkpointing mode re-runs: ``selective`` re-runs
+  wk, wo and w3; ``full`` re-runs the whole block forward including attention.
 * **Compute time.** Linear-layer FLOPs run at the precision's dense peak (fp8/mxfp8 peaks
   for the block linears; the output head stays bf16, as torchao/torchtitan convert it), the
   rest at the bf16 peak. Achieved throughput is ``peak × achieved_matmul_fraction ×
@@ -54,8 +55,9 @@ Model (per GPU, per optimizer step):
   parallelism inside one node all-reduces over NVLink. 85 % of FSDP traffic
   overlaps compute; TP traffic does not overlap.
 
-**MFU** uses torchtitan's convention (``6·N + 12·L·h·s`` FLOPs per token against the dense
-bf16 peak) so figures compare with published ones. Calibration: ``docs/calibration.md``.
+**MFU** uses torchtitan's convention (``6·N + 12·L·a·s`` FLOPs per token against the dense
+bf16 peak; torchtitan writes ``12·l·h·q·t`` with h heads of width q) so figures compare with
+published ones. Calibration: ``docs/calibration.md``.
 """
 
 from __future__ import annotations
@@ -135,23 +137,24 @@ class Estimate:
 
 
 def model_flops_per_token(arch: ModelArchitecture, seq_len: int) -> float:
-    """FLOPs per token by torchtitan's MFU convention: ``6·N + 12·L·h·s``."""
-    return 6.0 * arch.matmul_parameters + 12.0 * arch.num_layers * arch.hidden_size * seq_len
+    """FLOPs per token by torchtitan's MFU convention: ``6·N + 12·L·a·s`` (a = heads × head_dim)."""
+    return 6.0 * arch.matmul_parameters + 12.0 * arch.num_layers * arch.attention_width * seq_len
 
 
 def _linear_shapes(arch: ModelArchitecture) -> list[tuple[int, int]]:
-    h, kv, f = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size
-    return [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+    """(in, out) of a block's linears: wq, wk, wv, wo, w1, w3, w2."""
+    h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
+    return [(h, a), (h, kv), (h, kv), (a, h), (h, f), (h, f), (f, h)]
 
 
 def recompute_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> tuple[float, float]:
     """Extra (linear, attention) forward FLOPs per token re-run by activation checkpointing."""
-    h, kv, f, layers = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.num_layers
+    h, a, kv, f, layers = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size, arch.num_layers
     if knobs.activation_checkpointing == "selective":
-        return 2.0 * layers * (h * kv + h * h + h * f), 0.0
+        return 2.0 * layers * (h * kv + a * h + h * f), 0.0  # wk, wo, w3
     if knobs.activation_checkpointing == "full":
         linear_block = sum(i * o for i, o in _linear_shapes(arch))
-        return 2.0 * layers * linear_block, 2.0 * layers * h * knobs.seq_len
+        return 2.0 * layers * linear_block, 2.0 * layers * a * knobs.seq_len
     return 0.0, 0.0
 
 
@@ -185,7 +188,7 @@ def compute_seconds_per_token(
     head_params = arch.vocab_size * arch.hidden_size
     recompute_linear, recompute_attention = recompute_flops_per_token(arch, knobs)
     block_linear_flops = 6.0 * block_linear_params + recompute_linear
-    other_flops = 6.0 * head_params + 6.0 * arch.num_layers * arch.hidden_size * knobs.seq_len + recompute_attention
+    other_flops = 6.0 * head_params + 6.0 * arch.num_layers * arch.attention_width * knobs.seq_len + recompute_attention
     matmul_seconds = block_linear_flops / linear_rate + other_flops / bf16_rate
     balanced_seconds = (block_linear_flops + other_flops) / (
         gpu.hbm_bandwidth_tbps.value * 1e12 * REFERENCE_FLOPS_PER_BYTE
