@@ -1,11 +1,13 @@
-"""A Llama/Qwen2-style decoder with Hugging Face-compatible parameter names.
+"""A dense decoder (Llama, Mistral, Qwen2, Qwen3, OLMo 2 layouts) with Hugging Face-compatible parameter names.
 
 Model code only: no parallelism, no precision tricks (those are applied from outside by
 :mod:`btk_trainer.parallelize`, torchtitan style). The parameter names match Hugging Face's
-``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (``model.embed_tokens.weight``,
-``model.layers.N.self_attn.q_proj.weight``, ..., ``model.norm.weight``, ``lm_head.weight``),
-so a Hugging Face safetensors checkpoint loads with :func:`load_safetensors` as it is, and
-:func:`export_hf` writes one back.
+``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
+``Olmo2ForCausalLM`` (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj.weight``,
+``...self_attn.q_norm.weight``, ``...post_feedforward_layernorm.weight``, ``model.norm.weight``,
+``lm_head.weight``), so a Hugging Face safetensors checkpoint loads with :func:`load_safetensors`
+as it is, and :func:`export_hf` writes one back with the ``config.json`` of the architecture's
+family (:attr:`btk.profile.ModelArchitecture.hf_model_type`).
 """
 
 from __future__ import annotations
@@ -74,17 +76,24 @@ class ParameterInit:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in fp32 like Hugging Face's."""
+    """Root-mean-square layer norm, computed in fp32 like Hugging Face's.
 
-    def __init__(self, dim: int, eps: float) -> None:
+    ``scale_in_fp32``: multiply by the weight before casting back to the input's dtype, as
+    OLMo 2's norm does (``Olmo2RMSNorm``); Llama, Mistral and Qwen cast first, then scale.
+    """
+
+    def __init__(self, dim: int, eps: float, *, scale_in_fp32: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.scale_in_fp32 = scale_in_fp32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         hidden = x.float()
         hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_in_fp32:
+            return (self.weight * hidden).to(dtype)
         return self.weight * hidden.to(dtype)
 
     def reset_parameters(self) -> None:
@@ -140,28 +149,51 @@ def attention_backends(device_type: str) -> list[SDPBackend]:
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # CPU: torch's flash kernel for CPU, else math
 
 
+def scales_norms_in_fp32(arch: ModelArchitecture) -> bool:
+    """Whether the architecture's norms scale before casting back (OLMo 2's ``Olmo2RMSNorm``, all of its norms)."""
+    return arch.hf_model_type == "olmo2"
+
+
 class Attention(nn.Module):
     """Grouped-query causal self-attention through ``scaled_dot_product_attention``.
 
     Head counts are derived from the projection widths at run time, so the same code runs
-    on a tensor-parallel shard of the heads.
+    on a tensor-parallel shard of the heads. QK-norm (``arch.qk_norm``): ``head`` normalises
+    each head of the split q and k (Qwen3), ``projection`` the whole projection output before
+    the split (OLMo 2; under tensor parallelism its mean runs over the heads of every rank).
     """
 
     def __init__(self, arch: ModelArchitecture) -> None:
         super().__init__()
-        self.head_dim = arch.head_dim
+        self.head_dim = arch.effective_head_dim
         self.num_groups = arch.num_attention_heads // arch.num_kv_heads
+        self.qk_norm = arch.qk_norm
         h = arch.hidden_size
-        self.q_proj = nn.Linear(h, arch.num_attention_heads * arch.head_dim, bias=arch.attention_bias)
+        self.q_proj = nn.Linear(h, arch.attention_width, bias=arch.attention_bias)
         self.k_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
         self.v_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(arch.num_attention_heads * arch.head_dim, h, bias=False)
+        self.o_proj = nn.Linear(arch.attention_width, h, bias=arch.attention_output_bias)
+        fp32_scale = scales_norms_in_fp32(arch)
+        if arch.qk_norm == "head":
+            self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+            self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+        elif arch.qk_norm == "projection":
+            self.q_norm = RMSNorm(arch.attention_width, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+            self.k_norm = RMSNorm(arch.kv_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, width) -> (batch, seq, heads, head_dim)."""
+        return x.view(x.shape[0], x.shape[1], -1, self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
         with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
@@ -175,6 +207,11 @@ class Attention(nn.Module):
             if projection.bias is not None:
                 init.zeros(projection.bias)
         init.normal(self.o_proj.weight, depth_std)
+        if self.o_proj.bias is not None:
+            init.zeros(self.o_proj.bias)
+        if self.qk_norm != "none":
+            init.ones(self.q_norm.weight)
+            init.ones(self.k_norm.weight)
 
 
 class MLP(nn.Module):
@@ -197,24 +234,45 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block."""
+    """Transformer block, its norms before each sublayer (``pre``) or after it (``post``, OLMo 2).
+
+    Hugging Face names the norms by position: pre-norm blocks have ``input_layernorm`` (before
+    attention) and ``post_attention_layernorm`` (before the MLP); OLMo 2's post-norm blocks have
+    ``post_attention_layernorm`` (on attention's output) and ``post_feedforward_layernorm`` (on
+    the MLP's output).
+    """
 
     def __init__(self, arch: ModelArchitecture) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.pre_norm = arch.norm_placement == "pre"
+        fp32_scale = scales_norms_in_fp32(arch)
+        if self.pre_norm:
+            self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
         self.self_attn = Attention(arch)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
         self.mlp = MLP(arch)
+        if not self.pre_norm:
+            self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        if self.pre_norm:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+            return out
+        x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin))
+        post: torch.Tensor = x + self.post_feedforward_layernorm(self.mlp(x))
+        return post
+
+    def norms(self) -> list[RMSNorm]:
+        """The block's two residual-stream norms."""
+        if self.pre_norm:
+            return [self.input_layernorm, self.post_attention_layernorm]
+        return [self.post_attention_layernorm, self.post_feedforward_layernorm]
 
     def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
-        init.ones(self.input_layernorm.weight)
+        for norm in self.norms():
+            init.ones(norm.weight)
         self.self_attn.init_weights(init, std, depth_std)
-        init.ones(self.post_attention_layernorm.weight)
         self.mlp.init_weights(init, std, depth_std)
 
 
@@ -225,7 +283,7 @@ class DecoderBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.num_layers)])
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=scales_norms_in_fp32(arch))
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -283,7 +341,7 @@ class Decoder(nn.Module):
         key = (seq_len, str(device))
         if key not in self._rope_cache:
             self._rope_cache[key] = rope_tables(
-                seq_len, self.arch.head_dim, self.arch.rope_theta, self.arch.rope_scaling, device
+                seq_len, self.arch.effective_head_dim, self.arch.rope_theta, self.arch.rope_scaling, device
             )
         return self._rope_cache[key]
 
@@ -328,21 +386,34 @@ class Decoder(nn.Module):
             init.normal(self.lm_head.weight, std)
         init.check_complete()
 
+HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+}
+"""The ``architectures`` entry of each ``model_type`` :func:`hf_config` writes (Mistral's block is Llama's)."""
+
+
 def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any]:
-    """A Hugging Face ``config.json`` for the architecture (Llama, or Qwen2 when it has qkv bias)."""
-    qwen = arch.attention_bias
+    """A Hugging Face ``config.json`` for the architecture, in the family that holds its block layout.
+
+    ``btk profile import`` reads it back to the same architecture (tested), and transformers
+    builds the same model from it (the parity tests).
+    """
+    model_type = arch.hf_model_type
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": arch.rope_theta}
     if arch.rope_scaling is not None:
         rope = {**arch.rope_scaling.model_dump(), "rope_theta": arch.rope_theta}
     config: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": [HF_ARCHITECTURES[model_type]],
+        "model_type": model_type,
         "hidden_size": arch.hidden_size,
         "intermediate_size": arch.ffn_hidden_size,
         "num_hidden_layers": arch.num_layers,
         "num_attention_heads": arch.num_attention_heads,
         "num_key_value_heads": arch.num_kv_heads,
-        "head_dim": arch.head_dim,
+        "head_dim": arch.effective_head_dim,
         "vocab_size": arch.vocab_size,
         "max_position_embeddings": arch.max_context,
         "rms_norm_eps": arch.rms_norm_eps,
@@ -354,8 +425,13 @@ def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any
         "hidden_act": "silu",
         "torch_dtype": dtype,
     }
-    if not qwen:
-        config["attention_bias"] = False
+    if model_type == "olmo2":
+        # The trainer's embedding has no padding row (documents are packed, no pad token is
+        # trained); Olmo2Config would otherwise default pad_token_id to 1 and freeze that row.
+        config["pad_token_id"] = None
+    if model_type != "qwen2":  # Qwen2 builds its q/k/v biases in and has no such setting
+        config["attention_bias"] = arch.attention_bias
+    if model_type == "llama":
         config["mlp_bias"] = False
     return config
 

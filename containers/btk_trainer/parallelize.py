@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs, knob_combination_problem
@@ -224,7 +224,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
     fp8_tensorwise uses torchao's float8 styles, whose input preparation (on CUDA) casts to
     float8 before the all-gather.
     """
-    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel, parallelize_module
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
 
     tp = tp_mesh.size()
     _check_tensor_parallel_divides(model.arch, seq_len, tp)
@@ -256,31 +256,60 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     plan = {
-        "input_layernorm": SequenceParallel(),
         "self_attn": prepare_input(input_layouts=(Shard(1), None, None),
                                    desired_input_layouts=(Replicate(), None, None)),
         "self_attn.q_proj": colwise(),
         "self_attn.k_proj": colwise(),
         "self_attn.v_proj": colwise(),
         "self_attn.o_proj": rowwise(output_layouts=Shard(1)),
-        "post_attention_layernorm": SequenceParallel(),
         "mlp": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "mlp.gate_proj": colwise(),
         "mlp.up_proj": colwise(),
         "mlp.down_proj": rowwise(output_layouts=Shard(1)),
+        **_block_norm_plan(model.arch),
+        **_qk_norm_plan(model.arch),
     }
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
 
 
+def _block_norm_plan(arch: ModelArchitecture) -> dict[str, Any]:
+    """The residual-stream norms run on their sequence shard.
+
+    Pre-norm blocks hand their norms' output to attention and the MLP, whose input preparation
+    takes the sequence-sharded DTensor; OLMo 2's post-norms hand theirs to the residual add,
+    which holds plain tensors, so they return the local shard.
+    """
+    if arch.norm_placement == "pre":
+        return {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel()}
+    return {"post_attention_layernorm": SequenceParallel(use_local_output=True),
+            "post_feedforward_layernorm": SequenceParallel(use_local_output=True)}
+
+
+def _qk_norm_plan(arch: ModelArchitecture) -> dict[str, Any]:
+    """q_norm/k_norm on this rank's heads, their weights replicated (torchtitan's Qwen3 plan).
+
+    The column-parallel q/k projections leave each rank its heads: dimension 2 of the
+    ``(batch, seq, heads, head_dim)`` q for per-head norms, of the ``(batch, seq, heads·head_dim)``
+    projection for OLMo 2's. As a DTensor sharded there, a per-head norm stays local and its weight
+    gradient is summed over the ranks' heads; a whole-projection norm's mean over the last
+    dimension becomes a reduction across the ranks, so each element is normalised over all heads
+    as in one process, and its weight is used (and its gradient gathered) slice by slice.
+    """
+    if arch.qk_norm == "none":
+        return {}
+    return {name: SequenceParallel(sequence_dim=2, use_local_output=True)
+            for name in ("self_attn.q_norm", "self_attn.k_norm")}
+
+
 def _apply_plain_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, colwise: Any, rowwise: Any) -> None:
     """Megatron TP inside the blocks only: replicated norms, embedding and head, one all-reduce per row-parallel
-    output."""
+    output (QK-norms on the ranks' heads, as :func:`_qk_norm_plan`)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = {name: colwise() for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                          "mlp.gate_proj", "mlp.up_proj")}
-    plan.update({"self_attn.o_proj": rowwise(), "mlp.down_proj": rowwise()})
+    plan.update({"self_attn.o_proj": rowwise(), "mlp.down_proj": rowwise(), **_qk_norm_plan(model.arch)})
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
 

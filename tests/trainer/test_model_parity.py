@@ -1,6 +1,12 @@
-"""Our decoder equals Hugging Face transformers' Llama and Qwen2 on the same weights.
+"""Our decoder equals Hugging Face transformers' own implementation of each family on the same weights.
 
-Tolerance: fp32 logits within atol 1e-5 / rtol 1e-5 (same math, different op order).
+One tiny random configuration per family: Llama 3.x (GQA, llama3 RoPE scaling; and with
+attention biases), Qwen2.5 (q/k/v biases, tied), Mistral NeMo (head_dim wider than
+hidden / heads), Qwen3 (per-head QK-norm) and OLMo 2 (QK-norm over the whole projections,
+norms after each sublayer). Our checkpoint is exported with :func:`export_hf`, and
+transformers builds its model from that ``config.json`` alone, so the exported config is
+checked too. Tolerance: fp32 logits within atol 1e-5 / rtol 1e-5 (same math, different op
+order); gradients and the logits after one AdamW step within atol/rtol 1e-5.
 """
 
 from __future__ import annotations
@@ -10,36 +16,61 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling)
 from btk_trainer.model import Decoder, export_hf, load_safetensors
-from trainer_fixtures import tiny_llama, tiny_qwen
+from trainer_fixtures import tiny_llama, tiny_mistral_nemo, tiny_olmo2, tiny_qwen, tiny_qwen3
 
 from btk.profile import ModelArchitecture
 
 transformers = pytest.importorskip("transformers")
 
+FAMILIES = {
+    "llama-gqa-rope-scaling": tiny_llama(),
+    "llama-mha-tied": tiny_llama(num_kv_heads=4, tied_embeddings=True),
+    "llama-attention-biases": tiny_llama(attention_bias=True, attention_output_bias=True),
+    "qwen2-bias-tied": tiny_qwen(),
+    "mistral-nemo-head-dim": tiny_mistral_nemo(),
+    "qwen3-head-qk-norm": tiny_qwen3(),
+    "olmo2-post-norm-projection-qk-norm": tiny_olmo2(),
+}
+HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "olmo2": "Olmo2ForCausalLM"}
+
 
 def _hf_model(directory: Path) -> torch.nn.Module:
     config = json.loads((directory / "config.json").read_text())
-    cls = transformers.Qwen2ForCausalLM if config["model_type"] == "qwen2" else transformers.LlamaForCausalLM
-    model = cls.from_pretrained(str(directory), torch_dtype=torch.float32, attn_implementation="sdpa")
+    cls = getattr(transformers, HF_CLASSES[config["model_type"]])
+    model = cls.from_pretrained(str(directory), dtype=torch.float32, attn_implementation="sdpa")
     return model.eval()
 
 
-@pytest.mark.parametrize("arch", [tiny_llama(), tiny_qwen(), tiny_llama(num_kv_heads=4, tied_embeddings=True)],
-                         ids=["llama-gqa-rope-scaling", "qwen2-bias-tied", "llama-mha-tied"])
-def test_logits_match_hugging_face(arch: ModelArchitecture, tmp_path: Path) -> None:
-    ours = Decoder(arch)
-    ours.init_weights(seed=7, std=0.1)
+def _random_model(arch: ModelArchitecture) -> Decoder:
+    model = Decoder(arch)
+    model.init_weights(seed=7, std=0.1)
     with torch.no_grad():  # random norms and biases too, so every parameter matters
-        for _name, parameter in ours.named_parameters():
+        for _name, parameter in model.named_parameters():
             if parameter.ndim == 1:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
-    export_hf(ours.state_dict(), arch, tmp_path / "ckpt", dtype=torch.float32)
+    return model
 
+
+def _pair(arch: ModelArchitecture, directory: Path) -> tuple[Decoder, torch.nn.Module]:
+    """Our model reloaded from its exported checkpoint, and transformers' model of the same checkpoint."""
+    export_hf(_random_model(arch).state_dict(), arch, directory, dtype=torch.float32)
     reloaded = Decoder(arch)
-    load_safetensors(reloaded, tmp_path / "ckpt")
-    hf = _hf_model(tmp_path / "ckpt")
-    tokens = torch.randint(0, arch.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    load_safetensors(reloaded, directory)
+    return reloaded, _hf_model(directory)
+
+
+def _tokens(arch: ModelArchitecture, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, arch.vocab_size, (2, 40), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", FAMILIES.values(), ids=FAMILIES.keys())
+def test_logits_match_hugging_face(arch: ModelArchitecture, tmp_path: Path) -> None:
+    reloaded, hf = _pair(arch, tmp_path / "ckpt")
+    assert sum(p.numel() for p in hf.parameters()) == arch.parameter_count
+    tokens = _tokens(arch)
     with torch.no_grad():
         expected = hf(input_ids=tokens).logits
         actual = reloaded.logits(tokens)
@@ -49,6 +80,30 @@ def test_logits_match_hugging_face(arch: ModelArchitecture, tmp_path: Path) -> N
     with torch.no_grad():
         reloaded.model.layers[1].mlp.up_proj.weight[0, 0] += 0.5
         assert not torch.allclose(reloaded.logits(tokens), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", FAMILIES.values(), ids=FAMILIES.keys())
+def test_one_training_step_matches_hugging_face(arch: ModelArchitecture, tmp_path: Path) -> None:
+    """Same loss, the same gradient for every parameter, and the same logits after one AdamW step."""
+    ours, hf = _pair(arch, tmp_path / "ckpt")
+    hf.train()
+    tokens, targets = _tokens(arch, 1), _tokens(arch, 2)
+    our_loss = ours(tokens, targets)
+    hf_logits = hf(input_ids=tokens).logits
+    hf_loss = F.cross_entropy(hf_logits.float().flatten(0, 1), targets.flatten(0, 1))
+    torch.testing.assert_close(our_loss, hf_loss, atol=1e-5, rtol=1e-5)
+    our_loss.backward()
+    hf_loss.backward()
+    hf_parameters = dict(hf.named_parameters())
+    for name, parameter in ours.named_parameters():
+        assert parameter.grad is not None, name
+        torch.testing.assert_close(parameter.grad, hf_parameters[name].grad, atol=1e-5, rtol=1e-5, msg=name)
+    for model in (ours, hf):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        optimizer.step()
+    probe = _tokens(arch, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.logits(probe), hf.eval()(input_ids=probe).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_hugging_face_names(llama_arch: ModelArchitecture) -> None:

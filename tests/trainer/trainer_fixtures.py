@@ -52,6 +52,40 @@ def tiny_qwen(**overrides: object) -> ModelArchitecture:
     return tiny_llama(**values)
 
 
+def tiny_mistral_nemo(**overrides: object) -> ModelArchitecture:
+    """A Mistral NeMo-like toy: head_dim (32) wider than hidden_size / heads (16), no biases, no rope scaling."""
+    values: dict[str, object] = {"head_dim": 32, "rope_theta": 1000000.0, "rope_scaling": None}
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
+def tiny_qwen3(**overrides: object) -> ModelArchitecture:
+    """A Qwen3-like toy: per-head QK-norm, head_dim (32) wider than hidden_size / heads, tied embeddings."""
+    values: dict[str, object] = {
+        "head_dim": 32,
+        "qk_norm": "head",
+        "tied_embeddings": True,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+    }
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
+def tiny_olmo2(**overrides: object) -> ModelArchitecture:
+    """An OLMo 2-like toy: QK-norm over the whole projections, norms after each sublayer, full multi-head attention."""
+    values: dict[str, object] = {
+        "num_kv_heads": 4,
+        "qk_norm": "projection",
+        "norm_placement": "post",
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+    }
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
 def tiny_spec(**knob_values: Any) -> JobHyperparameters:
     """A whole job on :func:`tiny_llama`: 32-token windows, warmup 2, clipping at 1.0, a checkpoint every 3 steps.
 
