@@ -6,7 +6,18 @@ FSDP full shard (plus hybrid shard on several nodes, and no shard), tensor paral
 1/2/4/8 where it divides the KV heads and fits in a node, power-of-two micro-batches up to
 the target global batch, ``torch.compile`` and a fused loss on. Pinned knobs restrict the
 space. A candidate is feasible when its peak memory is at most ``MEMORY_SAFETY_FRACTION`` of
-HBM. Every feasible candidate within the planner's 1 % speed resolution of the fastest counts
+HBM.
+
+The profile's global batch is a constraint, not a starting point: it is a training
+hyperparameter, and changing it changes the model that comes out. Only candidates whose
+global batch (micro-batch x accumulation x data-parallel ranks x seq_len) equals
+``training.global_batch_tokens`` are kept; where no knob set the hardware can run reaches it
+exactly (the target is not a whole number of sequences per data-parallel rank for any
+micro-batch and tensor-parallel degree), the smallest batch above it that any of them reaches
+is kept instead (:func:`batch_constrained`). When no candidate that fits in memory reaches that
+batch, planning fails with one line naming the nearest batches that do fit.
+
+Every feasible candidate within the planner's 1 % speed resolution of the fastest counts
 as tied with it (:func:`ties_with`); of those the one with the least memory wins, then the
 earlier candidate in a fixed order, so plans are deterministic (:func:`choose_best`).
 
@@ -302,6 +313,67 @@ def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: i
     return evaluations
 
 
+def _batch_unit(evaluation: Evaluation) -> int:
+    """Tokens one micro-batch step trains across the data-parallel ranks."""
+    knobs = evaluation.knobs
+    return evaluation.estimate.global_batch_tokens // knobs.gradient_accumulation_steps
+
+
+def achievable_batch(profile: ModelProfile, candidates: Sequence[Evaluation]) -> int:
+    """The global batch plans must train: the profile's, or the smallest above it any candidate reaches.
+
+    With pinned gradient accumulation a candidate may fall below the target; the nearest
+    batch (the larger on a tie) is taken then.
+    """
+    target = profile.training.global_batch_tokens
+    reached = {candidate.estimate.global_batch_tokens for candidate in candidates}
+    if target in reached:
+        return target
+    return min(reached, key=lambda tokens: (abs(tokens - target), -tokens))
+
+
+def nearest_fitting_batches(profile: ModelProfile, feasible: Sequence[Evaluation]) -> tuple[int | None, int | None]:
+    """The largest global batch below the profile's and the smallest above it that a feasible knob set trains.
+
+    Accumulation is free unless pinned: a candidate trains any whole number (up to the bound) of
+    its micro-batch steps.
+    """
+    target = profile.training.global_batch_tokens
+    pinned = profile.pinned.gradient_accumulation_steps
+    below: int | None = None
+    above: int | None = None
+    for candidate in feasible:
+        unit = _batch_unit(candidate)
+        if pinned:
+            reach = [unit * pinned]
+        else:
+            reach = [steps * unit for steps in (target // unit, target // unit + 1)
+                     if 1 <= steps <= MAX_GRADIENT_ACCUMULATION_STEPS]
+        for tokens in reach:
+            if tokens < target and (below is None or tokens > below):
+                below = tokens
+            elif tokens > target and (above is None or tokens < above):
+                above = tokens
+    return below, above
+
+
+def batch_constrained(profile: ModelProfile, instance: InstanceType, nodes: int,
+                      candidates: Sequence[Evaluation]) -> list[Evaluation]:
+    """The feasible candidates that train the achievable global batch; InfeasiblePlanError when none fits."""
+    batch = achievable_batch(profile, candidates)
+    kept = [candidate for candidate in candidates if candidate.fits and candidate.estimate.global_batch_tokens == batch]
+    if kept:
+        return kept
+    target = profile.training.global_batch_tokens
+    below, above = nearest_fitting_batches(profile, [candidate for candidate in candidates if candidate.fits])
+    nearest = " or ".join(f"{tokens:,}" for tokens in (below, above) if tokens is not None)
+    raise InfeasiblePlanError(
+        f"profile {profile.name!r}: training.global_batch_tokens ({target:,}) cannot be trained on {nodes} x "
+        f"{instance.name}: the knob sets that reach {batch:,} tokens per step do not fit in memory; the nearest "
+        f"global batches that fit are {nearest} tokens: set one, or change the node count"
+    )
+
+
 def ties_with(tokens_per_second: float, fastest: float) -> bool:
     """Whether a candidate is as fast as ``fastest`` at the planner's ``SPEED_RESOLUTION``.
 
@@ -389,9 +461,11 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
     candidates = enumerate_candidates(profile, instance, nodes)
     if not candidates:
         raise InfeasiblePlanError(f"no knob set of {profile.name} can run on {instance.name} with these pins")
-    feasible = [c for c in candidates if c.fits]
-    if not feasible:
+    if not any(c.fits for c in candidates):
         raise InfeasiblePlanError(_pin_overflow_message(profile, instance, candidates))
+    feasible = batch_constrained(profile, instance, nodes, candidates)
+    batch = feasible[0].estimate.global_batch_tokens
+    candidates = [c for c in candidates if c.estimate.global_batch_tokens == batch]  # the rivals train the same batch
     best, *alternatives = rank(feasible, ALTERNATIVES + 1)
     baseline_knobs = legacy_baseline_knobs(profile, instance, nodes)
     baseline = evaluate_knobs(profile, instance, nodes, baseline_knobs) if baseline_knobs is not None else None
