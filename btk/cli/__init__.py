@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from btk.errors import BtkError, printable
 
-COMMAND_MODULES = ("btk.cli.planning", "btk.cli.capacity", "btk.cli.report")
+COMMAND_MODULES = ("btk.cli.planning", "btk.cli.capacity", "btk.cli.report", "btk.cli.doctor")
 EXIT_USAGE = 2
 
 

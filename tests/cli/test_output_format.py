@@ -42,6 +42,7 @@ def test_every_command_is_covered() -> None:
         ("capacity", "search"),
         ("capacity", "show"),
         ("compare",),
+        ("doctor",),
         ("estimate",),
         ("plan",),
         ("profiles",),
