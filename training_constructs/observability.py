@@ -17,10 +17,9 @@ Targets are bound directly (no CDK custom resource): the topic policy and the lo
 resource policy allow ``events.amazonaws.com`` for exactly these rules.
 
 SageMaker writes job logs to the account-wide groups ``/aws/sagemaker/TrainingJobs`` and
-``/aws/sagemaker/ProcessingJobs``, which it creates on first use; they are shared by every
-environment of an account, so this construct does not own them unless
-``manage_sagemaker_log_groups`` is set (then they are created with the environment's
-retention and key; a deploy fails if they already exist).
+``/aws/sagemaker/ProcessingJobs``, which it creates on first use with no expiry and no key;
+:class:`~training_constructs.job_logs.SageMakerJobLogGroups` adopts them (created if missing)
+with the environment's retention and key, unless ``manage_sagemaker_log_groups`` is off.
 """
 
 from __future__ import annotations
@@ -44,10 +43,10 @@ from btk.environment import EnvironmentConfig
 from btk.metrics import METRICS_BY_KEY
 from btk.naming import environment_prefix
 from training_constructs.data_stage import account_log_groups_condition
+from training_constructs.job_logs import SageMakerJobLogGroups, SageMakerJobLogGroupsProps
 from training_constructs.removal import data_removal_policy
 from training_constructs.sagemaker_service import (
     PIPELINE_METRIC_NAMESPACE,
-    SAGEMAKER_LOG_GROUPS,
     TRAINING_JOB_LOG_GROUP,
     TRAINING_METRIC_DIMENSION,
     TRAINING_METRIC_NAMESPACE,
@@ -72,8 +71,8 @@ class TrainingObservabilityProps:
     :param job_name_prefixes: job-name prefix by profile name (``TrainingPipeline.job_name_prefix``), for
         the dashboard's per-profile metric graphs.
     :param notification_emails: e-mail addresses subscribed to the topic. Default: none.
-    :param manage_sagemaker_log_groups: create SageMaker's account-wide job log groups with
-        this environment's retention and key. Default: False (they belong to the account).
+    :param manage_sagemaker_log_groups: put SageMaker's account-wide job log groups under this
+        environment's retention and key (created if missing, never deleted). Default: True.
     :param metric_period: period of the dashboard's metric graphs. Default: 1 minute.
     """
 
@@ -82,7 +81,7 @@ class TrainingObservabilityProps:
     job_name_prefixes: Mapping[str, str]
     key: kms.IKey | None = None
     notification_emails: Sequence[str] = field(default_factory=tuple)
-    manage_sagemaker_log_groups: bool = False
+    manage_sagemaker_log_groups: bool = True
     metric_period: Duration = field(default_factory=lambda: Duration.minutes(1))
 
 
@@ -101,7 +100,7 @@ class TrainingObservability(Construct):
     """Dashboard, failure rules, SNS topic and event log group of one environment.
 
     Attributes: ``key``, ``topic``, ``event_log_group``, ``pipeline_failed_rule``,
-    ``dashboard``, ``sagemaker_log_groups``.
+    ``dashboard``, ``job_logs`` (None when ``manage_sagemaker_log_groups`` is off).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingObservabilityProps) -> None:
@@ -140,14 +139,17 @@ class TrainingObservability(Construct):
             removal_policy=removal,
         )
         _set_retention(self.event_log_group, env.log_retention_days)
-        self.sagemaker_log_groups: list[logs.LogGroup] = []
+        self.job_logs: SageMakerJobLogGroups | None = None
         if props.manage_sagemaker_log_groups:
-            for index, name in enumerate(SAGEMAKER_LOG_GROUPS):
-                group = logs.LogGroup(
-                    self, f"SageMakerLogs{index}", log_group_name=name, encryption_key=self.key, removal_policy=removal
-                )
-                _set_retention(group, env.log_retention_days)
-                self.sagemaker_log_groups.append(group)
+            caller_logs = logs.LogGroup(self, "JobLogGroupsCallerLogs", encryption_key=self.key, removal_policy=removal)
+            _set_retention(caller_logs, env.log_retention_days)
+            self.job_logs = SageMakerJobLogGroups(
+                self,
+                "JobLogGroups",
+                props=SageMakerJobLogGroupsProps(
+                    key=self.key, retention_days=env.log_retention_days, handler_log_group=caller_logs
+                ),
+            )
 
         self.pipeline_arns = [
             stack.format_arn(service="sagemaker", resource="pipeline", resource_name=name)

@@ -29,7 +29,6 @@ import jsii
 from aws_cdk import (
     AssetHashType,
     BundlingOptions,
-    CfnElement,
     CustomResource,
     DockerImage,
     Duration,
@@ -47,7 +46,13 @@ from constructs import Construct, IConstruct
 
 from btk import capacity
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
-from training_constructs.nag import acknowledge, acknowledge_wildcard_resources, finding_token
+from training_constructs.nag import (
+    acknowledge,
+    acknowledge_wildcard_resources,
+    depend_on_policy_only,
+    finding_token,
+    skip_checkov,
+)
 from training_constructs.removal import data_removal_policy
 from training_constructs.retention import RETENTION_DAYS
 
@@ -134,36 +139,6 @@ def check_capacity(env_config: EnvironmentConfig, availability_zone: str | None 
             f"environment {name}: capacity.instance_count {reserve.instance_count} is less than instance_count "
             f"{env_config.instance_count}: reserve at least as many instances as a job uses"
         )
-
-
-#: checkov findings that do not apply to a custom-resource handler, with the reason.
-CHECKOV_SKIPS = (
-    ("CKV_AWS_115", "custom-resource handler runs once per deployment; reserving concurrency would fail in "
-     "accounts with the minimum concurrency quota"),
-    ("CKV_AWS_116", "invoked synchronously by CloudFormation/the Provider framework; a DLQ never receives events"),
-    ("CKV_AWS_117", "calls only the SageMaker control-plane API; it reaches no resource inside the VPC"),
-    ("CKV_AWS_173", "the only environment variable is the handler's function ARN, which is not secret"),
-)
-
-
-def _skip_checkov(*functions: Any) -> None:
-    for function in functions:
-        function.node.default_child.add_metadata(
-            "checkov", {"skip": [{"id": rule, "comment": comment} for rule, comment in CHECKOV_SKIPS]}
-        )
-
-
-def _depend_on_policy_only(function: Any, role: Any) -> None:
-    """Keep the function's DependsOn on its role's policy, drop the one on the role.
-
-    The role is already a dependency through ``Fn::GetAtt`` (cfn-lint W3005); the policy must
-    stay, or the function could be invoked before it may call anything.
-    """
-    stack = Stack.of(function)
-    policy = role.node.try_find_child("DefaultPolicy")
-    resource = policy.node.default_child if policy is not None else None
-    if isinstance(resource, CfnElement):
-        function.node.default_child.add_override("DependsOn", [stack.get_logical_id(resource)])
 
 
 @dataclass(frozen=True)
@@ -301,9 +276,9 @@ class TrainingPlanReservation(Construct):
         self._plan_resources = plan_resources
         self._acknowledge(role, framework_role)
         framework = provider.node.find_child("framework-onEvent")
-        _skip_checkov(self.handler, framework)
-        _depend_on_policy_only(self.handler, role)
-        _depend_on_policy_only(framework, framework_role)
+        skip_checkov(self.handler, framework)
+        depend_on_policy_only(self.handler, role)
+        depend_on_policy_only(framework, framework_role)
         if self.completion_handler is not None:
             self._finish_waiter(provider)
 
@@ -395,10 +370,10 @@ class TrainingPlanReservation(Construct):
     def _finish_waiter(self, provider: cr.Provider) -> None:
         assert self.completion_handler is not None
         waiter_functions = [provider.node.find_child(name) for name in ("framework-isComplete", "framework-onTimeout")]
-        _skip_checkov(self.completion_handler, *waiter_functions)
-        _depend_on_policy_only(self.completion_handler, self._completion_role)
+        skip_checkov(self.completion_handler, *waiter_functions)
+        depend_on_policy_only(self.completion_handler, self._completion_role)
         for function in waiter_functions:
-            _depend_on_policy_only(function, self._framework_waiter_role)
+            depend_on_policy_only(function, self._framework_waiter_role)
         self._acknowledge_waiter(provider)
 
     def _validate_props(self, props: TrainingPlanReservationProps) -> None:
@@ -465,7 +440,7 @@ class TrainingPlanReservation(Construct):
         self._acknowledge_invoke(self._framework_waiter_role, [self.handler, self.completion_handler])
         state_machine = provider.node.find_child("waiter-state-machine")
         machine_role = state_machine.node.find_child("Role")
-        _depend_on_policy_only(state_machine, machine_role)
+        depend_on_policy_only(state_machine, machine_role)
         self._acknowledge_invoke(
             machine_role,
             [provider.node.find_child(name) for name in ("framework-isComplete", "framework-onTimeout")],
