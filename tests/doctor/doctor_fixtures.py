@@ -453,3 +453,9 @@ def findings_of(lines: list[str]) -> dict[str, str]:
         assert status in ("PASS", "WARN", "FAIL"), line
         found[rest.split(": ", 1)[0]] = line
     return found
+
+
+def variant(env: EnvironmentConfig, **update: Any) -> EnvironmentConfig:
+    """``env`` with ``update`` applied, validated like environments.py's own (the name's qualifier follows it)."""
+    values = {key: value for key, value in env.model_dump().items() if key != "bootstrap_qualifier"}
+    return EnvironmentConfig.model_validate({**values, **update})

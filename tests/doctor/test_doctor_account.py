@@ -19,6 +19,7 @@ from doctor_fixtures import (
     jobs_of,
     once_throttled,
     throttled,
+    variant,
 )
 
 from btk.catalog import get_environment
@@ -200,13 +201,14 @@ def test_credentials_aws_refuses_are_one_line_and_exit_2(
 def test_credentials_of_another_account_than_the_environment_s_are_refused(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pinned = get_environment("dev").model_copy(update={"account": "210987654321", "name": "pinned"})
+    # 111122223333: another of the account ids AWS documentation uses, like 123456789012
+    pinned = variant(get_environment("dev"), account="111122223333", name="pinned")
     fixture_catalog.install(monkeypatch, pinned)
     aws = healthy("dev")
     monkeypatch.setattr("btk.doctor.aws.client_factory", lambda region: aws.client)
     assert main(["doctor", "--env", "pinned"]) == 2
     assert capsys.readouterr().err == (
-        f"btk: error: the credentials are for account {ACCOUNT}, environment pinned deploys to 210987654321: "
+        f"btk: error: the credentials are for account {ACCOUNT}, environment pinned deploys to 111122223333: "
         "use that account's credentials\n"
     )
 
