@@ -7,6 +7,9 @@ Retries happen in two layers: botocore's own ``standard`` retry mode (which alre
 off on throttling), and :meth:`SageMakerReader.call`, which retries a throttled call again
 with exponential backoff once botocore has given up. The sleep function is injectable so
 that tests run instantly and can assert the delays.
+
+Listings follow ``NextToken`` through :func:`btk.pagination.paginate`: an answer that repeats a
+token or never runs out of pages stops the report with one line instead of looping.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from btk.errors import BtkError
+from btk.pagination import paginate
 
 THROTTLING_CODES = frozenset(
     {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown"}
@@ -40,6 +44,11 @@ def make_client(region: str) -> Any:
 
     config = Config(retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS}, user_agent_extra="btk-report")
     return boto3.client("sagemaker", region_name=region, config=config)
+
+
+def _action(operation: str) -> str:
+    """The IAM action of a boto3 method name: ``list_pipeline_executions`` → ``sagemaker:ListPipelineExecutions``."""
+    return "sagemaker:" + "".join(part.capitalize() for part in operation.split("_"))
 
 
 def _error_code(error: Exception) -> str:
@@ -91,7 +100,7 @@ class SageMakerReader:
         """Call ``operation`` (the boto3 method name, e.g. ``describe_training_job``)."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-        action = "sagemaker:" + "".join(part.capitalize() for part in operation.split("_"))
+        action = _action(operation)
         for attempt in range(1, self._max_attempts + 1):
             self.calls += 1
             try:
@@ -127,11 +136,11 @@ class SageMakerReader:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def pages(self, operation: str, result_key: str, **params: Any) -> Iterator[dict[str, Any]]:
-        """Every item under ``result_key`` across all pages (``NextToken`` pagination)."""
-        token: str | None = None
-        while True:
-            page = self.call(operation, **params, **({"NextToken": token} if token else {}))
-            yield from page.get(result_key, [])
-            token = page.get("NextToken")
-            if not token:
-                return
+        """Every item under ``result_key`` across all pages (``NextToken`` pagination, bounded:
+        a repeated token or more than :data:`~btk.pagination.MAX_PAGES` pages is one line)."""
+        return paginate(
+            lambda token: self.call(operation, **params, **({"NextToken": token} if token else {})),
+            operation=_action(operation),
+            result_key=result_key,
+            error=BtkError,
+        )

@@ -173,3 +173,45 @@ def test_report_looks_for_the_pipeline_names_the_stack_creates() -> None:
     """One definition (btk.naming) serves both; SageMaker forbids '.' in pipeline names."""
     assert pipeline_name("dev", "llama3.2-1b") == "btk-dev-llama3-2-1b"
     assert pipeline_name("prod", "qwen2.5-32b") == "btk-prod-qwen2-5-32b"
+
+
+def test_a_repeated_page_token_stops_the_report_with_one_line(sagemaker_and_stubber: tuple[Any, Stubber]) -> None:
+    """SageMaker answering page 2 with page 1's token again: one line, not a report that never ends."""
+    client, stubber = sagemaker_and_stubber
+    params = {
+        "PipelineName": pipeline_name(ENV, PROFILES[0]),
+        "CreatedAfter": SINCE,
+        "SortBy": "CreationTime",
+        "SortOrder": "Descending",
+        "MaxResults": 100,
+    }
+    stubber.add_response("list_pipeline_executions", {"PipelineExecutionSummaries": [], "NextToken": "p2"}, params)
+    stubber.add_response(
+        "list_pipeline_executions", {"PipelineExecutionSummaries": [], "NextToken": "p2"}, {**params, "NextToken": "p2"}
+    )
+    with pytest.raises(BtkError) as caught:
+        collect(SageMakerReader(client, sleep=lambda _: None), environment=ENV, profiles=PROFILES[:1], since=SINCE)
+    assert str(caught.value) == (
+        "sagemaker:ListPipelineExecutions repeated a page token after 2 pages (the listing would never end); "
+        "retry later"
+    )
+    stubber.assert_no_pending_responses()
+
+
+def test_pages_that_never_end_stop_at_the_page_limit() -> None:
+    """A listing whose every page names a new next page is cut at MAX_PAGES calls, not followed forever."""
+    from btk.pagination import MAX_PAGES
+
+    class Endless:
+        calls = 0
+
+        def search(self, **params: Any) -> dict[str, Any]:
+            self.calls += 1
+            assert self.calls <= 10 * MAX_PAGES, "the listing was followed without bound"
+            return {"Results": [], "NextToken": f"page-{self.calls + 1}"}
+
+    client = Endless()
+    reader = SageMakerReader(client, sleep=lambda _: None)
+    with pytest.raises(BtkError, match=rf"^sagemaker:Search gave more than {MAX_PAGES} pages"):
+        list(reader.pages("search", "Results", Resource="TrainingJob"))
+    assert client.calls == MAX_PAGES
