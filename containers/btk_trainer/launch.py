@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,10 @@ def read_cluster(config_dir: Path) -> ClusterConfig:
     current = data.get("current_host") if isinstance(data, dict) else None
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
         raise BtkError("resourceconfig.json: hosts must be a non-empty list of host names")
+    repeated = sorted(host for host, count in Counter(hosts).items() if count > 1)
+    if repeated:  # two nodes of one name would both take its node rank, and no node the missing one
+        raise BtkError(f"resourceconfig.json: hosts names {', '.join(map(repr, repeated))} more than once: "
+                       "each node must appear once")
     if current not in hosts:
         raise BtkError(f"resourceconfig.json: current_host {current!r} is not in hosts {hosts}")
     return ClusterConfig(
