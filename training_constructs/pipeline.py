@@ -94,12 +94,15 @@ class PipelineRoleProps:
     :param execution_role: the jobs' execution role, the only role it may pass to SageMaker.
     :param key: the environment's key, on which it may create grants for job volumes.
     :param data_preparation: also run processing (tokenize) jobs. Default: False.
+    :param training_plan_arn: the environment's training plan (``existing``/``reserve`` mode; a
+        token is fine), the only plan its jobs may run on. Default: None (on-demand: no plan).
     """
 
     environment: EnvironmentConfig
     execution_role: iam.IRole
     key: kms.IKey
     data_preparation: bool = False
+    training_plan_arn: str | None = None
 
 
 class PipelineRole(Construct):
@@ -107,8 +110,9 @@ class PipelineRole(Construct):
 
     It may create, tag and stop training (and, with data preparation, processing) jobs named
     ``btk-<env>-*`` or ``pipelines-*`` that carry the ``btk:environment=<env>`` tag, describe
-    jobs with those names, run jobs on any training plan of the account, pass the execution
-    role to SageMaker, and create grants on the key for job volumes. Nothing else.
+    jobs with those names, run jobs on the environment's own training plan (none on-demand),
+    pass the execution role to SageMaker, and create grants on the key for job volumes.
+    Nothing else.
 
     Attributes: ``role``, ``role_arn``, ``job_arns``, ``plan_arns``.
     """
@@ -161,27 +165,30 @@ class PipelineRole(Construct):
         )
         # "Plan user" permissions: a job started with a TrainingPlanArn uses that plan's
         # reserved capacity, and CreateTrainingJob is authorized on the plan and on its
-        # reserved-capacity resource too. The plan is a run-time pipeline parameter, so any plan
-        # of this account and region may be named; using a plan buys nothing (CreateTrainingPlan
-        # is not granted here).
-        self.plan_arns = [
-            stack.format_arn(service="sagemaker", resource=kind, resource_name="*")
-            for kind in ("training-plan", "reserved-capacity")
-        ]
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="UseTrainingPlans",
-                actions=["sagemaker:CreateTrainingJob"],
-                resources=self.plan_arns,
+        # reserved-capacity resource too. Only the environment's own plan: the TrainingPlanArn
+        # parameter may be overridden when an execution starts, and another environment's plan
+        # must be refused. The reserved capacity is named by SageMaker (reserved-capacity/<random>),
+        # so it is any of this account and region; without the plan it grants nothing.
+        self.plan_arns: list[str] = []
+        if props.training_plan_arn is not None:
+            self.plan_arns = [
+                props.training_plan_arn,
+                stack.format_arn(service="sagemaker", resource="reserved-capacity", resource_name="*"),
+            ]
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="UseTheEnvironmentsTrainingPlan",
+                    actions=["sagemaker:CreateTrainingJob"],
+                    resources=self.plan_arns,
+                )
             )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="DescribeTrainingPlans",
-                actions=["sagemaker:DescribeTrainingPlan"],
-                resources=self.plan_arns[:1],
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="DescribeTheEnvironmentsTrainingPlan",
+                    actions=["sagemaker:DescribeTrainingPlan"],
+                    resources=self.plan_arns[:1],
+                )
             )
-        )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="TagJobsAtCreation",
@@ -226,10 +233,9 @@ class PipelineRole(Construct):
         )
         acknowledge_wildcard_resources(
             policy,
-            self.plan_arns,
-            "TrainingPlanArn is chosen when a pipeline execution starts, so a job may run on any training plan of "
-            "this account and region and its reserved capacity; CreateTrainingJob/DescribeTrainingPlan on a plan "
-            "use its capacity, they cannot buy or change one",
+            [arn for arn in self.plan_arns if "*" in arn],
+            "SageMaker names a plan's reserved capacity itself (reserved-capacity/<random>); CreateTrainingJob "
+            "also needs the environment's own plan, granted by its ARN, so no other plan's capacity can be used",
         )
 
     @property
@@ -288,6 +294,7 @@ class TrainingPipeline(Construct):
                 execution_role=resources.execution_role,
                 key=resources.key,
                 data_preparation=props.data_preparation,
+                training_plan_arn=props.training_plan_arn,
             ),
         )
         #: The definition JSON; CDK token strings inside resolve to ``Fn::Join`` parts at synth.
@@ -400,6 +407,7 @@ class TrainingPipelines(Construct):
                 execution_role=resources.execution_role,
                 key=resources.key,
                 data_preparation=props.data_preparation,
+                training_plan_arn=props.training_plan_arn,
             ),
         )
         self.pipelines: dict[str, TrainingPipeline] = {}

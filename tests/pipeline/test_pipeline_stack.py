@@ -327,15 +327,12 @@ def test_pipeline_role_is_least_privilege(staging: dict[str, Any]) -> None:
         if "iam:PassRole" in actions:
             assert resources == [f"arn:aws:iam::{fx.ACCOUNT}:role/{_logical_id(staging, 'ExecutionRole')}"]
             assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
-        if statement.get("Sid") == "UseTrainingPlans":
-            # Plan-user permissions: use (never buy) any plan of this account and region.
-            assert actions == ["sagemaker:CreateTrainingJob"]
-            assert resources == [f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:{kind}/*"
-                                 for kind in ("training-plan", "reserved-capacity")]
         if "kms:CreateGrant" in actions:
             assert actions == ["kms:CreateGrant"]  # DescribeKey never carries kms:GrantIsForAWSResource
     sids = {statement.get("Sid") for statement in statements}
-    assert {"CreateJobsTaggedForThisEnvironment", "UseTrainingPlans", "PassExecutionRole", "DescribeVolumeKey"} <= sids
+    assert {"CreateJobsTaggedForThisEnvironment", "PassExecutionRole", "DescribeVolumeKey"} <= sids
+    # On-demand: no plan, so no plan of the account (another environment's reservation) may be used.
+    assert not any("TrainingPlan" in str(sid) for sid in sids)
     all_actions = {a for st in statements for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
     assert "sagemaker:CreateTrainingPlan" not in all_actions
     pipelines = _resources(staging, "AWS::SageMaker::Pipeline")
@@ -444,7 +441,7 @@ def test_job_creation_is_allowed_whatever_name_pipelines_gives_the_job(
             continue
         resources = fx.resolve(template, statement["Resource"])
         resources = resources if isinstance(resources, list) else [resources]
-        if statement.get("Sid") == "UseTrainingPlans":
+        if statement.get("Sid") == "UseTheEnvironmentsTrainingPlan":
             continue
         for kind in ("training-job", *(["processing-job"] if template_name == "dev_prepared" else [])):
             assert f"{arn}:{kind}/btk-{env.name}-*" in resources and f"{arn}:{kind}/pipelines-*" in resources
@@ -475,3 +472,20 @@ def test_training_steps_retry_capacity_and_internal_errors_with_backoff(staging:
             # A retry is a new job of the same execution: it resumes from that execution's checkpoints.
             uri = fx.all_steps(definition)[name]["Arguments"]["CheckpointConfig"]["S3Uri"]
             assert uri["Std:Join"]["Values"][-1] == {"Get": "Execution.PipelineExecutionId"}
+
+
+def test_jobs_may_run_on_the_environments_own_plan_only(dev_prepared: dict[str, Any]) -> None:
+    """Plan-user permissions name the environment's plan: an execution started with another
+    environment's TrainingPlanArn is refused (the reserved capacity alone grants nothing)."""
+    statements = {s.get("Sid"): s for s in _policy_statements(dev_prepared, "PipelineRole")}
+    use = statements["UseTheEnvironmentsTrainingPlan"]
+    assert use["Action"] == "sagemaker:CreateTrainingJob"
+    assert fx.resolve(dev_prepared, use["Resource"]) == [
+        PLAN_ARN,
+        f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:reserved-capacity/*",
+    ]
+    describe = statements["DescribeTheEnvironmentsTrainingPlan"]
+    assert (describe["Action"], fx.resolve(dev_prepared, describe["Resource"])) == (
+        "sagemaker:DescribeTrainingPlan",
+        PLAN_ARN,
+    )
