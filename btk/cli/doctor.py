@@ -82,5 +82,5 @@ def run_doctor(
     print(printable(f"btk doctor: environment {env.name}, account {account}, {env.region}, as {arn}"))
     for finding in findings:
         print(finding.line())
-    print(f"btk doctor: {tally['fail']} failed, {tally['warn']} warnings, {tally['pass']} passed")
+    print(f"btk doctor: {tally['fail']} failed, {tally['warn']} warned, {tally['pass']} passed")
     return exit_code(findings)

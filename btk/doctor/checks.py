@@ -124,7 +124,7 @@ def run_checks(target: Target, caller: Caller, now: datetime) -> list[Finding]:
         deployed = None  # the stack line says why; what hangs on the stack cannot be read
     if deployed is not None:
         after_deploy: list[Check] = [
-            *pipeline_checks(env, account, env.stack_name, target.assembly, caller),
+            *pipeline_checks(env, account, target.assembly, caller),
             ("training image", partial(image_finding, env, account, deployed, caller)),
             ("failure topic", partial(topic_finding, env, account, deployed, caller)),
         ]

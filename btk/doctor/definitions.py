@@ -66,11 +66,17 @@ def _token_pattern(token: Any) -> str:
     return _ANY
 
 
+def _is_plain_join(body: Any) -> bool:
+    """``{"Fn::Join": ["", [parts...]]}``: text and tokens joined with nothing between them."""
+    join = body.get("Fn::Join") if isinstance(body, dict) else None
+    return isinstance(join, list) and len(join) == 2 and join[0] == "" and isinstance(join[1], list)
+
+
 def template_definition(body: Any) -> TemplateDefinition:
     """The ``PipelineDefinitionBody`` of a template as JSON with token patterns in its strings."""
     if isinstance(body, str):
         parts: list[Any] = [body]
-    elif isinstance(body, dict) and isinstance(body.get("Fn::Join"), list) and body["Fn::Join"][0] == "":
+    elif _is_plain_join(body):
         parts = list(body["Fn::Join"][1])
     else:
         raise UncomparableError("the definition is not text or an Fn::Join of text and tokens")

@@ -108,7 +108,7 @@ def _deployed_template(caller: Caller, stack_name: str) -> Any:
 
 
 def pipeline_checks(
-    env: EnvironmentConfig, account: str, stack_name: str, assembly: CloudAssembly | None, caller: Caller
+    env: EnvironmentConfig, account: str, assembly: CloudAssembly | None, caller: Caller
 ) -> list[Check]:
     """One check per profile: its pipeline exists and its definition is the template's."""
     if assembly is not None:
@@ -120,7 +120,7 @@ def pipeline_checks(
         )
     else:
         reference = "the deployed template"
-        templates = Answer(lambda: _deployed_template(caller, stack_name))
+        templates = Answer(lambda: _deployed_template(caller, env.stack_name))
         fix = (
             "it was edited outside CloudFormation, which restores it only when the template changes: "
             "find the edit (CloudTrail UpdatePipeline) and deploy a change, or set it back with aws sagemaker "

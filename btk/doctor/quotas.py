@@ -162,7 +162,10 @@ def quota_finding(book: QuotaBook, need: Need, region: str) -> Finding:
             {"needed": need.needed},
         )
     check = f"quota '{quota.name}'"
-    found = f"{_number(quota.value)} {need.unit} ({quota.source}), {_number(need.needed)} needed: {need.why}"
+    found = f"{_number(quota.value)} {need.unit} ({quota.source}), {_number(need.needed)} needed"
+    if need.at_once is not None and need.at_once > need.needed:
+        found += f" ({_number(need.at_once)} for every profile at once)"
+    found += f": {need.why}"
     data = {
         "quota_name": quota.name,
         "quota_code": quota.code,
@@ -175,8 +178,6 @@ def quota_finding(book: QuotaBook, need: Need, region: str) -> Finding:
         return Finding(check, PASS, found, "", data)
     status: Status = FAIL if quota.value < need.needed and need.binding else WARN
     desired = need.needed if quota.value < need.needed else float(need.at_once or need.needed)
-    if quota.value >= need.needed:
-        found += f"; every profile at once needs {_number(desired)}"
     steps = [increase_request(quota, book.service_code, desired, region)] if quota.adjustable else []
     if not quota.adjustable:
         steps.append(f"'{quota.name}' is not adjustable")
@@ -307,7 +308,8 @@ def fsx_quota_checks(env: EnvironmentConfig, caller: Caller, own_file_system: Ca
     def storage() -> Finding:
         rest = others()
         used = sum(fs.storage_gib for fs in rest)
-        why = f"{stage.fsx_storage_capacity_gib:,} GiB configured + {used:,} GiB of the account's {len(rest)} others"
+        why = f"{stage.fsx_storage_capacity_gib:,} GiB configured + {used:,} GiB already in the account"
+        why += f" ({len(rest)} file systems)"
         need = Need("Lustre Persistent_2 storage capacity", LUSTRE_STORAGE, stage.fsx_storage_capacity_gib + used,
                     "GiB", why, otherwise="lower data_stage.fsx_storage_capacity_gib")  # fmt: skip
         return quota_finding(book, need, env.region)
@@ -315,7 +317,7 @@ def fsx_quota_checks(env: EnvironmentConfig, caller: Caller, own_file_system: Ca
     def file_systems() -> Finding:
         rest = others()
         need = Need("Lustre Persistent_2 file systems", LUSTRE_FILE_SYSTEMS, len(rest) + 1, "file systems",
-                    f"this one and the account's {len(rest)} others")  # fmt: skip
+                    f"this one + {len(rest)} already in the account")  # fmt: skip
         return quota_finding(book, need, env.region)
 
     def throughput() -> Finding:

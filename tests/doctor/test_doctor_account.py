@@ -58,7 +58,7 @@ def test_a_prepared_account_passes_every_check(env_name: str, capsys: pytest.Cap
     assert lines[0] == f"btk doctor: environment {env_name}, account {ACCOUNT}, us-east-1, as {CALLER_ARN}"
     assert list(findings_of(lines)) == expected_checks(env_name)
     assert all(line.startswith("PASS ") for line in lines[1:-1]), lines
-    assert lines[-1] == f"btk doctor: 0 failed, 0 warnings, {len(lines) - 2} passed"
+    assert lines[-1] == f"btk doctor: 0 failed, 0 warned, {len(lines) - 2} passed"
     aws.done()
 
 

@@ -64,7 +64,7 @@ def test_an_instance_type_quota_of_zero_fails_with_the_request_to_make(
     code, found = run(env, sagemaker=quotas, capsys=capsys)
     assert code == 1
     line = found[f"quota '{name}'"]
-    assert line.startswith(f"FAIL quota '{name}': 0 instances (applied), {largest(env)} needed: ")
+    assert line.startswith(f"FAIL quota '{name}': 0 instances (applied), {largest(env)} needed")
     assert line.endswith(
         f"-> request '{name}' >= {largest(env)}: aws service-quotas request-service-quota-increase "
         f"--service-code sagemaker --quota-code {quota_code(name)} --desired-value {largest(env)} --region {REGION}"
@@ -79,7 +79,8 @@ def test_room_for_one_job_but_not_every_profile_at_once_warns(capsys: pytest.Cap
     assert code == 0
     line = found[f"quota '{name}'"]
     assert line.startswith("WARN ")
-    assert f"; every profile at once needs {every(env)} -> request '{name}' >= {every(env)}: " in line
+    assert f"{largest(env)} needed ({every(env)} for every profile at once): " in line
+    assert f" -> request '{name}' >= {every(env)}: " in line
 
 
 def test_a_quota_with_no_applied_value_is_read_from_aws_defaults(capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +188,8 @@ def test_fsx_storage_counts_the_account_s_other_file_systems(capsys: pytest.Capt
     assert code == 1
     assert found[f"quota '{storage}'"].startswith(
         f"FAIL quota '{storage}': {needed - 1:,} GiB (applied), {needed:,} needed: "
-        f"{stage.fsx_storage_capacity_gib:,} GiB configured + {48_000 + 2400:,} GiB of the account's 2 others"
+        f"{stage.fsx_storage_capacity_gib:,} GiB configured + {48_000 + 2400:,} GiB already in the account (2 file "
+        "systems)"
     )
     assert (
         f"--service-code fsx --quota-code {quota_code(storage)} --desired-value {needed} "
