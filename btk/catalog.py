@@ -3,7 +3,10 @@
 The user-editable modules live at the repository root; this module imports them lazily so
 that the rest of the core does not depend on them. A definition that fails validation while
 they import is reported in one line naming the file, the profile or environment, and the
-field: ``profiles/llama.py: profile 'mistral-7b': architecture.num_attention_heads: ...``.
+field: ``profiles/llama.py: profile 'mistral-7b': architecture.num_attention_heads: ...``. Every
+other fault of those files is one line naming the file too: a module that is missing, a
+directory, a dangling link or unreadable, and any exception its code raises while importing
+(``profiles/qwen.py: defines no PROFILES, which profiles/__init__.py:14 reads``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import ast
 import difflib
 import importlib
 import importlib.util
+import os
+import re
+import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,23 +29,30 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from btk.environment import EnvironmentConfig
-from btk.errors import BtkError, UnknownNameError, one_line
+from btk.errors import BtkError, UnknownNameError, one_line, printable
 from btk.profile import ModelProfile
 
 
 @dataclass(frozen=True)
 class UserModule:
-    """One of the user's modules: what it is called, what it defines, how errors name it."""
+    """One of the user's modules: what it is called, what it defines, how errors name it.
+
+    ``path``: where it lives, relative to the repository root (``environments.py``, ``profiles``).
+    """
 
     module: str
     noun: str
     root: type[BaseModel]
     collection: str
+    path: str
 
 
-PROFILES = UserModule("profiles", "profile", ModelProfile, "PROFILES")
-ENVIRONMENTS = UserModule("environments", "environment", EnvironmentConfig, "ENVIRONMENTS")
-ENVIRONMENTS_FILE = "environments.py"
+PROFILES = UserModule("profiles", "profile", ModelProfile, "PROFILES", "profiles")
+ENVIRONMENTS = UserModule("environments", "environment", EnvironmentConfig, "ENVIRONMENTS", "environments.py")
+ENVIRONMENTS_FILE = ENVIRONMENTS.path
+#: The repository root: the user's modules sit beside ``btk/`` (the package installs them from there).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_CANNOT_IMPORT = re.compile(r"cannot import name '([^']+)'")
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -147,12 +160,80 @@ def definition_error(error: ValidationError, user: UserModule) -> BtkError:
 
 
 def _import_user_module(user: UserModule) -> ModuleType:
-    """Import ``profiles`` or ``environments``; an invalid definition is a one-line error."""
+    """Import ``profiles`` or ``environments``; anything that stops it is a one-line error naming the file.
+
+    An invalid definition names the field (:func:`definition_error`); a module that is missing,
+    a directory, a dangling link or unreadable names what it is; any other exception its code
+    raises names the file and line (:func:`code_error`).
+    """
     try:
         module = importlib.import_module(user.module)
     except ValidationError as error:
         raise definition_error(error, user) from None
+    except ModuleNotFoundError as error:
+        if error.name != user.module:
+            raise code_error(error, user) from None
+        raise missing_module_error(user) from None
+    except OSError as error:
+        where = _relative(Path(error.filename), _module_location(user.module)[0]) if error.filename else user.path
+        raise BtkError(printable(f"{where}: cannot be read ({error.strerror or error})")) from None
+    except Exception as error:  # the user's own code: any mistake in it is theirs to fix, in one line
+        raise code_error(error, user) from None
     return module
+
+
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` when it is inside it (as errors name files), else as it is."""
+    resolved = path.resolve()
+    return resolved.relative_to(base).as_posix() if resolved.is_relative_to(base) else str(path)
+
+
+def missing_module_error(user: UserModule) -> BtkError:
+    """One line for a user module the import system did not find: a dangling link, a directory, or nothing.
+
+    The places looked at are those an import searches (each directory on the Python path), then
+    the repository root beside ``btk/``, where the package installs them from.
+    """
+    file_expected = user.path.endswith(".py")
+    directories = [Path(entry or ".") for entry in sys.path if isinstance(entry, str)]
+    for place in (directory / user.path for directory in [*directories, PROJECT_ROOT]):
+        if place.is_symlink() and not place.exists():
+            return BtkError(printable(f"{user.path}: a symbolic link to {os.readlink(place)}, which does not exist"))
+        if file_expected and place.is_dir():
+            return BtkError(printable(f"{user.path}: is a directory ({place}), not a Python file"))
+        if not file_expected and place.is_file():
+            return BtkError(printable(f"{user.path}: is a file ({place}), not the package directory {user.path}/"))
+    return BtkError(printable(f"{user.path}: not found; btk reads it from the repository root ({PROJECT_ROOT})"))
+
+
+def code_error(error: Exception, user: UserModule) -> BtkError:
+    """One line for an exception the user's module raised while it imported: the file and line, and the error."""
+    base, location = _module_location(user.module)
+    if isinstance(error, AttributeError) and isinstance(error.obj, ModuleType) and error.obj.__file__:
+        # e.g. an empty family module that profiles/__init__.py reads PROFILES from
+        source = _relative(Path(error.obj.__file__), base)
+        return BtkError(
+            printable(f"{source}: defines no {error.name}, which {_raised_at(error, base, location)} reads")
+        )
+    missing = _CANNOT_IMPORT.match(str(error)) if isinstance(error, ImportError) else None
+    if missing is not None and isinstance(error, ImportError) and error.name == user.module:
+        # `from profiles import mistral` with no profiles/mistral.py: Python blames a circular import
+        where = _raised_at(error, base, location)
+        return BtkError(printable(f"{where}: {user.module} has no module or name {missing.group(1)!r}"))
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{_relative(Path(error.filename), base)}:{error.lineno}"
+        return BtkError(printable(f"{where}: {type(error).__name__}: {error.msg}"))
+    what = str(error) if isinstance(error, BtkError) else f"{type(error).__name__}: {error}"
+    return BtkError(printable(f"{_raised_at(error, base, location)}: {what}"))
+
+
+def _raised_at(error: Exception, base: Path, location: Path) -> str:
+    """``file:line`` of the innermost frame of the user's code in ``error``'s traceback (else the module's path)."""
+    frames = _user_frames(error, location)
+    if not frames:
+        return _relative(location, base)
+    innermost = frames[-1][1]
+    return f"{_relative(Path(innermost.filename), base)}:{innermost.lineno}"
 
 
 def _definitions(user: UserModule) -> tuple[Any, ...]:

@@ -10,11 +10,13 @@ prints its tables with :mod:`btk.table`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from btk.cli.streams import closed, tolerate_unencodable
 from btk.errors import BtkError, printable
 
 COMMAND_MODULES = ("btk.cli.planning", "btk.cli.capacity", "btk.cli.report", "btk.cli.doctor")
@@ -47,8 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # an ASCII terminal prints `±` as `\xb1`, never a traceback
+        tolerate_unencodable(stream)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if closed(sys.stdout):  # `btk … >&-`: nothing is run whose output would be lost
+        return _fail("cannot write the output: standard output is closed")
     try:
         code = int(args.handler(args))
         sys.stdout.flush()  # a full disk under `btk … > FILE` surfaces here, not at exit
@@ -63,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str) -> int:
-    print(f"btk: error: {printable(message)}", file=sys.stderr)
+    if not closed(sys.stderr):
+        with contextlib.suppress(OSError):  # stderr on a full disk: the exit status still says it
+            print(f"btk: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

@@ -216,3 +216,98 @@ def test_planning_an_environment_on_an_uncatalogued_instance_names_it(user_root:
     _environments(user_root, _environment("dev", instance_type="'ml.g5.48xlarge'"))
     with pytest.raises(BtkError, match=r"^environment 'dev': instance_type: instance type 'ml.g5.48xlarge' is not"):
         plan_environment(catalog.get_environment("dev"))
+
+
+@pytest.fixture
+def only_user_root(user_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``user_root`` as the only place the user's modules can come from: the repository root (on the Python
+    path, and mapped by the editable install's finder) is hidden, so a module missing there is missing."""
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if Path(entry or ".").resolve() != REPO])
+    monkeypatch.setattr(
+        sys, "meta_path", [finder for finder in sys.meta_path if "__editable__" not in getattr(finder, "__module__", "")]
+    )
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("environments") is None, "the repository's environments.py is still reachable"
+    return user_root
+
+
+def test_a_missing_environments_file_is_named(only_user_root: Path) -> None:
+    assert _error(catalog.all_environments) == (
+        f"environments.py: not found; btk reads it from the repository root ({catalog.PROJECT_ROOT})"
+    )
+
+
+def test_an_environments_file_that_is_a_directory_is_named(only_user_root: Path) -> None:
+    (only_user_root / "environments.py").mkdir()
+    assert _error(catalog.all_environments) == (
+        f"environments.py: is a directory ({only_user_root / 'environments.py'}), not a Python file"
+    )
+
+
+def test_an_environments_file_that_is_a_dangling_link_is_named(only_user_root: Path) -> None:
+    (only_user_root / "environments.py").symlink_to(only_user_root / "gone.py")
+    assert _error(catalog.default_environment_name) == (
+        f"environments.py: a symbolic link to {only_user_root / 'gone.py'}, which does not exist"
+    )
+
+
+def test_an_unreadable_environments_file_is_named_not_blamed_on_the_output(
+    only_user_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read permission is refused by injection: the tests may run as root, who reads any file."""
+    import importlib.machinery
+
+    from btk.cli import main
+
+    _environments(only_user_root, _environment("dev"))
+    (only_user_root / "environments.py").chmod(0)
+    read = importlib.machinery.SourceFileLoader.get_data
+
+    def denied(self: Any, path: str) -> bytes:
+        if Path(path).name.startswith("environments."):
+            raise PermissionError(13, "Permission denied", path)
+        return read(self, path)
+
+    monkeypatch.setattr(importlib.machinery.SourceFileLoader, "get_data", denied)
+    assert _error(catalog.all_environments) == "environments.py: cannot be read (Permission denied)"
+    assert main(["plan", "--env", "dev"]) == 2
+    assert capsys.readouterr() == ("", "btk: error: environments.py: cannot be read (Permission denied)\n")
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("ENVIRONMENTS = (\n", "environments.py:1: SyntaxError: '(' was never closed"),
+        ("X = 1\nENVIRONMENTS = (DEV,)\n", "environments.py:2: NameError: name 'DEV' is not defined"),
+        ("import not_a_module_anywhere\n", "environments.py:1: ModuleNotFoundError: No module named "
+                                           "'not_a_module_anywhere'"),
+        ("raise RuntimeError('a\\nb')\n", "environments.py:1: RuntimeError: a\\nb"),
+    ],
+)
+def test_code_in_environments_that_raises_is_one_line_naming_file_and_line(
+    user_root: Path, source: str, expected: str
+) -> None:
+    _write(user_root / "environments.py", source)
+    assert _error(catalog.all_environments) == expected
+
+
+def test_an_empty_family_module_is_named(user_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from btk.cli import main
+
+    _write(
+        user_root / "profiles" / "__init__.py",
+        "from profiles import llama, qwen\nFAMILY_MODULES = (llama, qwen)\n"
+        "PROFILES = tuple(profile for module in FAMILY_MODULES for profile in module.PROFILES)\n",
+    )
+    _write(user_root / "profiles" / "llama.py", PROFILE_IMPORTS + "PROFILES = (" + PROFILE.format(
+        name="'tiny-1b'", heads=32, seq_len=2048) + ",)\n")
+    _write(user_root / "profiles" / "qwen.py", "")
+    expected = "profiles/qwen.py: defines no PROFILES, which profiles/__init__.py:3 reads"
+    assert _error(catalog.all_profiles) == expected
+    assert main(["profiles"]) == 2
+    assert capsys.readouterr() == ("", f"btk: error: {expected}\n")
+
+
+def test_a_family_module_that_does_not_exist_is_named(user_root: Path) -> None:
+    _write(user_root / "profiles" / "__init__.py", "from profiles import mistral\nPROFILES = mistral.PROFILES\n")
+    assert _error(catalog.all_profiles) == "profiles/__init__.py:1: profiles has no module or name 'mistral'"
