@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from pathlib import Path
 
 import fixture_catalog
 import pytest
@@ -45,18 +46,25 @@ def test_every_command_is_covered() -> None:
         ("doctor",),
         ("estimate",),
         ("plan",),
+        ("profile", "import"),
         ("profiles",),
         ("report",),
     ]
+
+
+QWEN3_CONFIG = Path(__file__).resolve().parents[1] / "hf_configs" / "qwen3-8b.json"
+# What a command prints by default when it is not a table: `btk profile import` prints a module to commit.
+DEFAULT_FORMAT = {("profile", "import"): "python"}
 
 
 @pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
 def test_format_defaults_to_table_and_json_is_its_alias(words: tuple[str, ...]) -> None:
     parser = subparser(words)
     options = {option: action for action in parser._actions for option in action.option_strings}
-    assert {"table", "json"} <= set(options["--format"].choices or ())
+    default = DEFAULT_FORMAT.get(words, "table")
+    assert {default, "json"} <= set(options["--format"].choices or ())
     assert options["--format"].dest == options["--json"].dest == "output_format"
-    assert parser.get_default("output_format") == "table"
+    assert parser.get_default("output_format") == default
 
 
 @pytest.mark.parametrize(
@@ -67,8 +75,9 @@ def test_format_defaults_to_table_and_json_is_its_alias(words: tuple[str, ...]) 
         ["estimate", "llama3.2-1b"],
         ["compare", "llama3.2-1b", "--instances", "ml.p5.48xlarge"],
         ["capacity", "show", "--env", "dev"],
+        ["profile", "import", str(QWEN3_CONFIG), "--name", "qwen3-8b"],
     ],
-    ids=lambda argv: argv[0] if argv[0] != "capacity" else "capacity show",
+    ids=lambda argv: argv[0] if argv[0] not in ("capacity", "profile") else " ".join(argv[:2]),
 )
 def test_json_prints_exactly_what_format_json_prints(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     assert main([*argv, "--format", "json"]) == 0

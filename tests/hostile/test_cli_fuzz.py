@@ -16,7 +16,7 @@ Arguments whose validity the test cannot know in advance (a generated string tha
 to parse as a date) may go either way, but still only as above.
 
 Generated cases per run: top level 60, profiles 60, plan 260, estimate 200, compare 140,
-capacity search 200, capacity show 60, report 200: 1,180 in all.
+capacity search 200, capacity show 60, report 200, profile import 120: 1,300 in all.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from cli_fixtures import (
@@ -43,6 +44,7 @@ from btk.cli.arguments import max_nodes
 from btk.environment import TRAINING_PLAN_INSTANCE_COUNTS, ReservePlanCapacity, is_sellable_plan_duration
 from btk.hardware import INSTANCE_TYPES
 from btk.knobs import CHECKPOINTING_MODES, KNOB_FIELDS
+from btk.profile import PROFILE_NAME
 
 
 def fuzz(examples: int) -> settings:
@@ -518,6 +520,21 @@ def test_report(
     capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, plot_paths: dict[str, str], data: st.DataObject
 ) -> None:
     check(capsys, sagemaker, ["report"], data.draw(json_schema_or_report(plot_paths)))
+
+
+IMPORTABLE = str(Path(__file__).resolve().parents[1] / "hf_configs" / "qwen3-8b.json")
+
+
+@fuzz(120)
+@given(
+    args=command_line(
+        Opt("--name", ("imported-qwen3", "q3"), lambda value: PROFILE_NAME.fullmatch(value) is not None, required=True),
+        Formats(("python", "json")),
+        head=(Positional((IMPORTABLE,), IMPORTABLE.__eq__),),
+    )
+)
+def test_profile(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, args: list[Arg]) -> None:
+    check(capsys, sagemaker, ["profile", "import"], args)
 
 
 def _sub_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -1,0 +1,91 @@
+"""``btk profile import``: a model profile from a Hugging Face ``config.json``.
+
+Reads a local file (nothing is downloaded) with :mod:`btk.hf_import` and prints the profile as
+a Python module to save in ``profiles/`` (``--format python``, the default) or as JSON with its
+``parameter_count`` (``--format json``, the shape ``btk profiles --format json`` lists);
+``--output FILE`` writes it to a new file instead. A config the trainer cannot train is one
+line naming the field, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from btk.cli.arguments import non_empty, non_empty_path
+from btk.cli.output import JSON, PYTHON, add_format_argument
+from btk.errors import BtkError, printable
+
+CONFIG_FILE = "config.json"
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "profile", help="add a model profile: import a Hugging Face config.json"
+    )
+    commands = parser.add_subparsers(dest="profile_command", required=True, parser_class=type(parser))
+    importer = commands.add_parser(
+        "import",
+        help="a profile from a local Hugging Face config.json",
+        description="Read a Hugging Face config.json (a local file, or the model directory holding one) and print "
+        "a profile module to save in profiles/: the architecture and its parameter count from the config, a "
+        "training intent to edit. Llama 3.x, Mistral, Qwen2.5, Qwen3 and OLMo 2 dense models; anything the "
+        "trainer does not implement (mixture-of-experts, sliding-window attention, soft-capping, vision) is "
+        "refused naming the field.",
+    )
+    importer.add_argument("config", type=non_empty_path, metavar="PATH",
+                          help="config.json, or the directory holding it")
+    importer.add_argument("--name", type=non_empty, required=True,
+                          help="the profile's name: a lower-case slug, e.g. qwen3-8b")
+    importer.add_argument("--output", type=non_empty_path, metavar="FILE",
+                          help="write the module (or JSON) to FILE, a new file, instead of printing it")
+    add_format_argument(importer, (PYTHON, JSON), default=PYTHON)
+    importer.set_defaults(handler=cmd_import)
+
+
+def config_path(path: Path) -> Path:
+    """The ``config.json`` a PATH argument means: the file itself, or the one in the directory."""
+    return path / CONFIG_FILE if path.is_dir() else path
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from btk.hf_import import profile_from_config, profile_module
+    from btk.jsonfile import read_json_file
+
+    path = config_path(args.config)
+    where = printable(str(path))
+    target: Path | None = args.output
+    if target is not None:
+        _check_target(target)
+    if path.exists() and not path.is_file():  # a device (/dev/zero) would be read without end
+        raise BtkError(f"{where}: not a regular file; give a config.json")
+    try:
+        profile = profile_from_config(read_json_file(path, where), args.name)
+    except BtkError as error:  # name the file the user gave, not a generic config.json
+        message = str(error)
+        if message.startswith(f"{CONFIG_FILE}: "):
+            message = where + message.removeprefix(CONFIG_FILE)
+        raise BtkError(message) from None
+    if args.output_format == JSON:
+        text = json.dumps(profile.model_dump(mode="json") | {"parameter_count": profile.parameter_count}, indent=2)
+        text += "\n"
+    else:
+        text = profile_module(profile)
+    if target is None:
+        print(text, end="")
+        return 0
+    with target.open("x", encoding="utf-8") as file:
+        file.write(text)
+    print(f"wrote {printable(str(target))}: profile {profile.name} ({profile.parameter_count:,} parameters)")
+    return 0
+
+
+def _check_target(target: Path) -> None:
+    """``--output`` must name a new file in an existing directory: an existing module is never overwritten."""
+    shown = printable(str(target))
+    if target.exists() or target.is_symlink():
+        raise BtkError(f"--output {shown}: already exists; give a new file (a profile module is never overwritten)")
+    if not target.parent.is_dir():
+        raise BtkError(f"--output {shown}: directory {printable(str(target.parent))!r} does not exist")

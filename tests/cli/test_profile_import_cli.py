@@ -1,0 +1,72 @@
+"""``btk profile import``: the module it prints, its JSON, --output, and the refusals (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_run import run
+
+from btk.hf_import import profile_from_config
+from btk.profile import ModelProfile
+
+CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
+NEMO = CONFIGS / "mistral-nemo-base-2407.json"
+
+
+def _load_module(text: str) -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(text, "<printed>", "exec"), namespace)
+    return namespace
+
+
+def test_prints_a_module_that_defines_the_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b")
+    assert code == 0 and err == ""
+    (profile,) = _load_module(out)["PROFILES"]
+    assert profile.name == "mistral-nemo-12b" and profile.architecture.head_dim == 128
+    assert profile.parameter_count == profile.published_parameter_count == 12_247_782_400
+    assert "published_parameter_count=12_247_782_400" in out and "head_dim=128" in out
+
+
+def test_json_is_the_profile_with_its_parameter_count(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b", "--format", "json")
+    assert code == 0
+    printed = json.loads(out)
+    assert printed["parameter_count"] == 12_247_782_400
+    printed.pop("parameter_count")
+    expected = profile_from_config(json.loads(NEMO.read_text()), "mistral-nemo-12b")
+    assert ModelProfile.model_validate(printed) == expected
+
+
+def test_a_model_directory_is_read_for_its_config_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shutil.copy(CONFIGS / "qwen3-4b.json", tmp_path / "config.json")
+    code, out, _ = run(capsys, "profile", "import", str(tmp_path), "--name", "qwen3-4b", "--format", "json")
+    assert code == 0 and json.loads(out)["architecture"]["qk_norm"] == "head"
+
+
+def test_output_writes_a_new_file_and_never_overwrites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "mistral.py"
+    code, out, _ = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b", "--output", str(target))
+    assert code == 0 and out.startswith(f"wrote {target}: profile mistral-nemo-12b (12,247,782,400 parameters)")
+    assert _load_module(target.read_text())["MISTRAL_NEMO_12B"].architecture.head_dim == 128
+    before = target.read_text()
+    code, out, err = run(capsys, "profile", "import", str(NEMO), "--name", "other", "--output", str(target))
+    assert code == 2 and out == "" and "already exists" in err and err.count("\n") == 1
+    assert target.read_text() == before
+
+
+@pytest.mark.parametrize(("config", "field"), [("qwen3-30b-a3b.json", "num_experts"),
+                                               ("gemma-2-9b-it.json", "final_logit_softcapping"),
+                                               ("starcoder2-7b.json", "sliding_window"),
+                                               ("llava-1.5-7b-hf.json", "vision_config")])
+def test_unsupported_configs_are_one_line_naming_the_field(
+    capsys: pytest.CaptureFixture[str], config: str, field: str
+) -> None:
+    code, out, err = run(capsys, "profile", "import", str(CONFIGS / config), "--name", "refused")
+    assert code == 2 and out == ""
+    assert err == f"btk: error: {CONFIGS / config}: {field}: {err.split(f'{field}: ', 1)[1]}"
+    assert "not supported" in err and err.count("\n") == 1
