@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from btk.pagination import paginate
 from btk.report.aws import ACCESS_DENIED_CODES as _REPORT_DENIED
 from btk.report.aws import BOTOCORE_MAX_ATTEMPTS
 from btk.report.aws import THROTTLING_CODES as _REPORT_THROTTLING
@@ -155,14 +156,29 @@ class Caller:
     def items(
         self, service: str, operation: str, key: str, *, token: str = "NextToken", **params: Any
     ) -> Iterator[Any]:
-        """Every item under ``key`` across all pages (``token`` names the page token: ``nextToken`` for ECR)."""
-        next_token: str | None = None
-        while True:
-            page = self.call(service, operation, **params, **({token: next_token} if next_token else {}))
-            yield from page.get(key, [])
-            next_token = page.get(token)
-            if not next_token:
-                return
+        """Every item under ``key`` across all pages (``token`` names the page token: ``nextToken`` for ECR).
+
+        Bounded by :func:`btk.pagination.paginate`: a listing that repeats a token or never ends
+        is :class:`UnansweredError`.
+        """
+
+        def fetch(next_token: str | None) -> dict[str, Any]:
+            return self.call(service, operation, **params, **({token: next_token} if next_token else {}))
+
+        def unanswered(message: str) -> UnansweredError:
+            return UnansweredError(message, "run btk doctor again later")
+
+        action = self.action(service, operation)
+        yield from paginate(fetch, operation=action, result_key=key, token_key=token, error=unanswered)
+
+    def action(self, service: str, operation: str) -> str:
+        """The IAM action of ``operation``; ``service:operation`` when no client can be made to ask."""
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return iam_action(self._clients(service), operation)
+        except (BotoCoreError, KeyError, AttributeError):
+            return f"{service}:{operation}"
 
 
 class Answer(Generic[T]):

@@ -210,6 +210,7 @@ def training_needs(env: EnvironmentConfig, jobs: Sequence[PlannedJob]) -> list[N
     per-job limit and the longest run time bind every job.
     """
     on_demand = not env.managed_spot and env.capacity.mode == "on_demand"
+    elsewhere = "jobs on managed spot do not use it" if env.managed_spot else "jobs on the training plan do not use it"
     needs: list[Need] = []
     for instance_type, of_type in _by_instance_type(jobs).items():
         largest = max(job.instance_count for job in of_type)
@@ -219,19 +220,19 @@ def training_needs(env: EnvironmentConfig, jobs: Sequence[PlannedJob]) -> list[N
             needs.append(
                 Need(name, re.compile(re.escape(name), re.IGNORECASE), largest, "instances", _jobs_text(of_type),
                      binding=spot or on_demand, at_once=at_once,
-                     otherwise="" if spot or on_demand else "jobs on the training plan do not use it")
+                     otherwise="" if spot or on_demand else elsewhere)
             )  # fmt: skip
     largest = max(job.instance_count for job in jobs)
     at_once = sum(job.instance_count for job in jobs)
     why = _jobs_text(jobs)
-    fewer = "or lower instance_count in environments.py"
+    fewer = "lower instance_count in environments.py"
     needs.append(
         Need("Maximum number of instances per training job", PER_JOB, largest, "instances", why,
              binding=not env.managed_spot, otherwise=fewer)
     )  # fmt: skip
     needs.append(
         Need("Number of instances across all training jobs", ALL_JOBS, largest, "instances", why,
-             binding=on_demand, at_once=at_once)
+             binding=on_demand, at_once=at_once, otherwise="" if on_demand else elsewhere)
     )  # fmt: skip
     if env.managed_spot:
         needs.append(

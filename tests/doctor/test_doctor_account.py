@@ -223,3 +223,18 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Captur
     assert code == 2
     assert captured.out == ""
     assert captured.err.count("\n") == 1
+
+
+def test_a_listing_that_never_ends_costs_its_own_checks_only(capsys: pytest.CaptureFixture[str]) -> None:
+    aws = healthy("prod")
+    env = get_environment("prod")
+    own = aws.answers[("fsx", "DescribeFileSystems")]
+    aws.answers[("fsx", "DescribeFileSystems")] = {**own, "NextToken": "same-token-again"}  # type: ignore[dict-item]
+    code, lines = doctor("prod", aws, capsys)
+    found = findings_of(lines)
+    for check in ("quota 'Lustre Persistent_2 storage capacity'", "quota 'Lustre Persistent_2 file systems'"):
+        assert found[check].startswith(
+            f"WARN {check}: not checked: fsx:DescribeFileSystems repeated a page token after 2 pages"
+        )
+    assert code == 0
+    assert list(found) == expected_checks(env.name)

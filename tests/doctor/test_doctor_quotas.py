@@ -110,7 +110,8 @@ def test_per_job_limit_below_the_planned_count_fails(capsys: pytest.CaptureFixtu
     code, found = run(env, sagemaker={**training_quotas(env, jobs_of(env)), per_job: 1}, capsys=capsys)
     assert code == 1
     assert found[f"quota '{per_job}'"].startswith(f"FAIL quota '{per_job}': 1 instances (applied), {largest(env)}")
-    assert found[f"quota '{per_job}'"].endswith("or lower instance_count in environments.py")
+    assert found[f"quota '{per_job}'"].endswith("; or lower instance_count in environments.py")
+    assert "; or or " not in found[f"quota '{per_job}'"]
 
 
 def test_a_run_time_quota_below_max_runtime_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +144,7 @@ def test_with_spot_the_spot_quotas_bind_and_on_demand_only_warns(
     code, found = run(env, sagemaker={**quotas, on_demand: 0}, capsys=capsys)
     assert code == 0
     assert found[f"quota '{on_demand}'"].startswith(f"WARN quota '{on_demand}': 0 instances")
+    assert found[f"quota '{on_demand}'"].endswith("; or jobs on managed spot do not use it")
     assert found[f"quota '{spot}'"].startswith("PASS ")
     assert "quota 'Maximum number of instances per spot training job'" in found
     assert "quota 'Number of instances across all spot training jobs'" in found
