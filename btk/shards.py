@@ -11,7 +11,7 @@ A dataset is a directory holding ``manifest.json`` and flat token files::
 ``manifest.json``::
 
     {"version": 1, "dtype": "uint16", "vocab_size": 32000, "eos_token_id": 2,
-     "tokenizer": "tokenizer.json",
+     "tokenizer": "tokenizer.json", "checksum_file": "manifest.json.sha256",
      "shards": [{"file": "shard_00000.bin", "num_tokens": 1048576, "sha256": "..."}]}
 
 The token dtype is the narrowest that holds every id (:func:`dtype_for_vocab`). Documents
@@ -22,8 +22,12 @@ memory-maps the files (``numpy.memmap``) and verifies every checksum before it t
 shard, or an id the model's embedding has no row for, is an error, never training data.
 
 The manifest is checksummed by its sidecar ``manifest.json.sha256``, written with it
-(:func:`write_manifest`) and checked by :func:`read_manifest`; a dataset written before the
-sidecar existed (no sidecar at all) is still read.
+(:func:`write_manifest`) and checked by :func:`read_manifest`. A manifest written with a sidecar
+says so (``"checksum_file"``), so a dataset whose sidecar went missing is refused rather than
+read unchecked (deleting the sidecar no longer lets an edited manifest through); only a
+manifest that names no checksum file (written before the sidecar existed) is read without one.
+A sidecar that is not a checksum line (not ASCII text, no 64-hex-digit digest), unreadable or
+not a file is refused in one line too.
 
 Pure standard library (plus pydantic, as the rest of the core); numpy, when installed (the
 trainer), only speeds up the largest-token-id scan.
@@ -41,7 +45,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from btk.errors import BtkError, one_line
-from btk.jsonfile import read_json_file
+from btk.jsonfile import MAX_JSON_BYTES, parse_json
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -49,6 +53,7 @@ MANIFEST_CHECKSUM_NAME = MANIFEST_NAME + ".sha256"
 TokenDtype = Literal["uint16", "uint32"]
 BYTES_PER_TOKEN: dict[str, int] = {"uint16": 2, "uint32": 4}
 _CHUNK = 1 << 20
+MAX_CHECKSUM_BYTES = 4096  # one line: 64 hex digits, two spaces and a file name
 
 
 def dtype_for_vocab(vocab_size: int) -> TokenDtype:
@@ -93,6 +98,9 @@ class ShardManifest(BaseModel):
     vocab_size: int = Field(ge=1, le=1 << 32, description="token ids are 0 .. vocab_size - 1, at most uint32")
     eos_token_id: int = Field(ge=0)
     tokenizer: str = ""
+    checksum_file: Literal["", "manifest.json.sha256"] = Field(
+        default="", description="the sidecar vouching for this file; empty only for manifests written before it"
+    )
     shards: tuple[ShardEntry, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -148,33 +156,47 @@ def scan_shard(path: Path, dtype: TokenDtype | None) -> tuple[str, int]:
     return digest.hexdigest(), largest
 
 
-def write_manifest(directory: Path, manifest: ShardManifest) -> Path:
-    """Write ``manifest.json`` and its checksum sidecar atomically (temp files then renames).
+def write_manifest(directory: Path, manifest: ShardManifest) -> ShardManifest:
+    """Write ``manifest.json`` and its checksum sidecar atomically (temp files then renames); the manifest written.
 
     The sidecar is renamed into place first: a manifest is never newer than the checksum that
     vouches for it, and a kill between the two renames leaves a mismatch, not silent garbage.
+    The manifest written names its sidecar (``checksum_file``), so losing the sidecar is noticed.
     """
-    path = directory / MANIFEST_NAME
-    text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    recorded = manifest.model_copy(update={"checksum_file": MANIFEST_CHECKSUM_NAME})
+    text = json.dumps(recorded.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
     for name, content in ((MANIFEST_CHECKSUM_NAME, f"{hashlib.sha256(text.encode()).hexdigest()}  {MANIFEST_NAME}\n"),
                           (MANIFEST_NAME, text)):
         temporary = directory / (name + ".tmp")
         temporary.write_text(content)
         temporary.replace(directory / name)
-    return path
+    return recorded
 
 
-def _check_manifest_checksum(directory: Path, path: Path) -> None:
+def _read_bytes(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of ``path`` (at most ``limit``); one line for a directory, an unreadable or a larger file."""
+    try:
+        if path.stat().st_size > limit:
+            raise BtkError(f"{what}: larger than the {limit} bytes it may have")
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise BtkError(f"{what}: is a directory, not a file") from None
+    except OSError as error:
+        raise BtkError(f"{what}: cannot be read ({error.strerror or error})") from None
+
+
+def _sidecar_digest(directory: Path) -> str | None:
+    """The SHA-256 the sidecar states; None when there is no sidecar at all."""
     sidecar = directory / MANIFEST_CHECKSUM_NAME
-    if not sidecar.is_file():
-        return  # written before the sidecar existed
-    words = sidecar.read_text().split()
-    expected = words[0] if words else ""
-    if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-        raise BtkError(
-            f"dataset {directory}: {MANIFEST_NAME} does not match {MANIFEST_CHECKSUM_NAME} (corrupted or edited); "
-            "re-run the tokenize tool or restage the data"
-        )
+    if not sidecar.exists() and not sidecar.is_symlink():
+        return None
+    what = f"dataset {directory}: {MANIFEST_CHECKSUM_NAME}"
+    content = _read_bytes(sidecar, what, MAX_CHECKSUM_BYTES)
+    words = content.split()
+    digest = words[0] if words else b""
+    if len(digest) != 64 or any(byte not in b"0123456789abcdefABCDEF" for byte in digest):
+        raise BtkError(f"{what}: not a checksum line (\"<sha256>  {MANIFEST_NAME}\"); re-run the tokenize tool")
+    return digest.decode("ascii").lower()
 
 
 def read_manifest(directory: Path) -> ShardManifest:
@@ -182,12 +204,24 @@ def read_manifest(directory: Path) -> ShardManifest:
     path = directory / MANIFEST_NAME
     if not path.is_file():
         raise BtkError(f"dataset {directory}: no {MANIFEST_NAME}; run the tokenize tool (btk-tokenize) first")
-    _check_manifest_checksum(directory, path)
-    data = read_json_file(path, f"dataset {directory}: {MANIFEST_NAME}")
+    expected = _sidecar_digest(directory)
+    text = _read_bytes(path, f"dataset {directory}: {MANIFEST_NAME}", MAX_JSON_BYTES)
+    if expected is not None and hashlib.sha256(text).hexdigest() != expected:
+        raise BtkError(
+            f"dataset {directory}: {MANIFEST_NAME} does not match {MANIFEST_CHECKSUM_NAME} (corrupted or edited); "
+            "re-run the tokenize tool or restage the data"
+        )
+    data = parse_json(text, f"dataset {directory}: {MANIFEST_NAME}")
     try:
-        return ShardManifest.model_validate(data)
+        manifest = ShardManifest.model_validate(data)
     except ValidationError as error:
         raise BtkError(one_line(error, f"dataset {directory}: invalid {MANIFEST_NAME}: ")) from None
+    if expected is None and manifest.checksum_file:
+        raise BtkError(
+            f"dataset {directory}: {MANIFEST_CHECKSUM_NAME} is missing, and {MANIFEST_NAME} was written with it "
+            "(its checksum_file says so); restore it with the dataset or re-run the tokenize tool"
+        )
+    return manifest
 
 
 def verify_dataset(
@@ -221,7 +255,11 @@ def verify_dataset(
             )
         if index % parts != part:
             continue
-        digest, largest = scan_shard(path, manifest.dtype)
+        try:
+            digest, largest = scan_shard(path, manifest.dtype)
+        except OSError as error:
+            reason = error.strerror or error
+            raise BtkError(f"dataset {directory}: shard {shard.file} cannot be read ({reason})") from None
         if digest != shard.sha256:
             raise BtkError(
                 f"dataset {directory}: shard {shard.file} fails its sha256 checksum (corrupted); "

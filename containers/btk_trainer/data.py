@@ -36,6 +36,8 @@ def verify_across_ranks(directory: Path) -> ShardManifest:
         manifest = verify_dataset(directory, part=rank, parts=world)
     except BtkError as error:
         finding = str(error)
+    except OSError as error:  # a fault verify_dataset has no words for: still every rank's one line, not a hang
+        finding = f"dataset {directory}: cannot be read ({error})"
     findings: list[str | None] = [None] * world
     dist.all_gather_object(findings, finding)
     first = next((found for found in findings if found), None)
@@ -58,10 +60,7 @@ class TokenShards:
             "local": verify_dataset, "ranks": verify_across_ranks, "none": _read,
         }[verify](directory)
         self.seq_len = seq_len
-        self._arrays = [
-            np.memmap(directory / shard.file, dtype=np.dtype(self.manifest.dtype).newbyteorder("<"), mode="r")
-            for shard in self.manifest.shards
-        ]
+        self._arrays = [self._map(shard.file) for shard in self.manifest.shards]
         counts = [max(0, (shard.num_tokens - 1) // seq_len) for shard in self.manifest.shards]
         self._starts: list[int] = list(np.cumsum([0, *counts]).tolist())
         if self._starts[-1] == 0:
@@ -69,6 +68,13 @@ class TokenShards:
                 f"dataset {directory}: {self.manifest.total_tokens} tokens hold no window of seq_len+1 = "
                 f"{seq_len + 1} tokens; lower seq_len or add data"
             )
+
+    def _map(self, name: str) -> np.memmap[Any, Any]:
+        """Memory-map one shard; a file that cannot be opened (permissions, gone, empty) is one line."""
+        try:
+            return np.memmap(self.directory / name, dtype=np.dtype(self.manifest.dtype).newbyteorder("<"), mode="r")
+        except (OSError, ValueError) as error:  # ValueError: numpy cannot map an empty file
+            raise BtkError(f"dataset {self.directory}: shard {name} cannot be read ({error})") from None
 
     def __len__(self) -> int:
         return self._starts[-1]

@@ -140,8 +140,7 @@ def tokenize_to_shards(
     manifest = ShardManifest(
         dtype=dtype, vocab_size=vocab_size, eos_token_id=eos_id, tokenizer="tokenizer.json", shards=tuple(entries)
     )
-    write_manifest(output, manifest)
-    return manifest
+    return write_manifest(output, manifest)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

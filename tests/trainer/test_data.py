@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -193,8 +194,80 @@ def test_the_manifest_is_checksummed(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace('"eos_token_id": 1', '"eos_token_id": 0'))
     with pytest.raises(BtkError, match=r"manifest.json does not match manifest.json.sha256"):
         read_manifest(tmp_path / "ds")
-    sidecar.unlink()  # a dataset written before the sidecar existed is still read
-    assert read_manifest(tmp_path / "ds").eos_token_id == 0
+    sidecar.unlink()  # the edit does not get through by deleting the checksum: the manifest says it has one
+    with pytest.raises(BtkError, match=r"manifest.json.sha256 is missing, and manifest.json was written with it"):
+        read_manifest(tmp_path / "ds")
+
+
+def test_a_manifest_written_before_the_sidecar_existed_is_still_read(tmp_path: Path) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
+    path = tmp_path / "ds" / "manifest.json"
+    legacy = {key: value for key, value in json.loads(path.read_text()).items() if key != "checksum_file"}
+    path.write_text(json.dumps(legacy))
+    (tmp_path / "ds" / "manifest.json.sha256").unlink()
+    assert read_manifest(tmp_path / "ds").checksum_file == ""
+    verify_dataset(tmp_path / "ds")
+
+
+SIDECARS: dict[str, bytes | None] = {
+    "not UTF-8": b"\xff\xfe" * 40 + b"  manifest.json\n",
+    "empty": b"",
+    "a short digest": b"abc  manifest.json\n",
+    "NUL bytes": b"\x00" * 64,
+    "larger than a checksum line": b"a" * 10_000,
+    "a directory": None,
+}
+
+
+@pytest.mark.parametrize("content", SIDECARS.values(), ids=SIDECARS.keys())
+def test_a_sidecar_that_is_not_a_checksum_line_is_one_line(tmp_path: Path, content: bytes | None) -> None:
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
+    sidecar = tmp_path / "ds" / "manifest.json.sha256"
+    sidecar.unlink()
+    if content is None:
+        sidecar.mkdir()
+    else:
+        sidecar.write_bytes(content)
+    with pytest.raises(BtkError, match=r"^dataset .*: manifest\.json\.sha256: [^\n]+$"):
+        read_manifest(tmp_path / "ds")
+
+
+def test_unreadable_dataset_files_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read permission refused by injection (the tests may run as root): manifest, sidecar, a shard."""
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
+    real_read_bytes, real_open = Path.read_bytes, Path.open
+    denied: set[str] = set()
+
+    def read_bytes(self: Path) -> bytes:
+        if self.name in denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_bytes(self)
+
+    def open_(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.name in denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "open", open_)
+    for name in ("manifest.json", "manifest.json.sha256", "shard_00000.bin"):
+        denied.clear()
+        denied.add(name)
+        with pytest.raises(BtkError, match=rf"^dataset .*{name}: cannot be read \(Permission denied\)$|"
+                                           rf"^dataset .*shard {name} cannot be read \(Permission denied\)$"):
+            verify_dataset(tmp_path / "ds")
+
+
+def test_a_shard_that_cannot_be_mapped_is_one_line(tmp_path: Path) -> None:
+    """Without verification (``verify="none"``) an emptied shard reaches numpy's memory map."""
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
+    (tmp_path / "ds" / "shard_00000.bin").write_bytes(b"")
+    with pytest.raises(BtkError, match=r"^dataset .*: shard shard_00000.bin cannot be read \(cannot mmap an empty"):
+        TokenShards(tmp_path / "ds", seq_len=8, verify="none")
 
 
 def test_tokenize_refuses_a_tokenizer_larger_than_the_model(tmp_path: Path) -> None:
