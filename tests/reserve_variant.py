@@ -1,0 +1,49 @@
+"""A catalog environment turned into ``reserve`` mode, synthesized as app.py would (cdk-nag on).
+
+The permission check and the deploy-readiness tests need a template whose training plan is
+bought at deploy; the user's environments may all be on-demand, so one is derived here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from btk.environment import EnvironmentConfig, ReservePlanCapacity
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+#: Plan sizes the API sells (btk.environment checks the same list).
+PLAN_INSTANCE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def reserve_environment(env: EnvironmentConfig, start_after: datetime) -> EnvironmentConfig:
+    """``env`` buying a one-week plan from ``start_after`` for its instance count, approved, fee ceiling set."""
+    count = next(n for n in PLAN_INSTANCE_COUNTS if n >= env.instance_count)
+    values = env.model_dump()
+    values["capacity"] = ReservePlanCapacity(
+        start_after=start_after, duration_hours=168, instance_count=count, max_upfront_fee=250_000,
+        purchase_approved=True,
+    )
+    values["managed_spot"] = False
+    return EnvironmentConfig.model_validate(values)
+
+
+def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -> dict[str, Any]:
+    """TrainingStack of ``env`` with cdk-nag (an unacknowledged finding raises); the template."""
+    from aws_cdk import App
+
+    from stacks.training_stack import TrainingStack
+    from training_constructs.nag import apply_nag
+
+    out = outdir or Path(tempfile.mkdtemp(prefix=f"btk-{env.name}-"))
+    app = App(outdir=str(out))
+    apply_nag(app)
+    stack = TrainingStack(app, "TrainingStack", env_config=env)
+    app.synth()
+    template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
+    return template
