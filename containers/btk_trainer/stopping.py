@@ -22,8 +22,9 @@ trainer prints the block's end, the unit it read and its own deadline when it st
 wrong reading shows in the job's first log lines.
 
 Every rank decides locally (its own signal, its own clock); :class:`StopAgreement` makes all
-ranks act on the same micro-batch with one MAX all-reduce, on a CPU (gloo) group so that on
-GPUs the check does not wait for the queued CUDA work.
+ranks act on the same micro-batch with MAX all-reduces on a CPU (gloo) group, so that on GPUs
+the check does not wait for the queued CUDA work: a blocking one once per optimizer step and
+non-blocking ones between micro-batches.
 """
 
 from __future__ import annotations
@@ -138,14 +139,49 @@ class StopFlag:
 
 
 class StopAgreement:
-    """Whether any rank wants to stop, agreed by every rank at the same point; collective."""
+    """Whether any rank wants to stop, agreed by every rank at the same point; collective.
+
+    Once per optimizer step (:meth:`agree`) the ranks wait for one MAX all-reduce of their
+    flags. Between micro-batches (:meth:`poll`) nobody waits: each rank posts its flag as an
+    asynchronous all-reduce and reads the one it posted at the previous poll, finished long
+    since, so the training thread pays no round trip per micro-batch (128 ranks at 16 nodes
+    would pay it up to 64 times a step) and a stop is seen one micro-batch later. Every rank
+    posts and reads at the same points, so all see the same answer at the same micro-batch.
+    Flags only ever turn on (a signal stays received, a deadline stays passed), so the latest
+    agreement covers every earlier post.
+    """
 
     def __init__(self, device: torch.device) -> None:
         # On GPUs a CPU-side gloo group: the check is a round trip between hosts, not a CUDA sync.
         self.group = dist.new_group(backend="gloo") if device.type == "cuda" else None
+        self._posted: tuple[dist.Work, torch.Tensor] | None = None
 
-    def agree(self, flag: StopFlag) -> StopReason:
+    def _post(self, flag: StopFlag) -> tuple[dist.Work, torch.Tensor]:
         reason = flag.local()
         flags = torch.tensor([int(reason.signalled), int(reason.deadline_passed)])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        return StopReason(signalled=bool(flags[0]), deadline_passed=bool(flags[1]))
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        assert work is not None  # async_op=True always returns the work
+        return work, flags
+
+    @staticmethod
+    def _settle(posted: tuple[dist.Work, torch.Tensor]) -> StopReason:
+        work, flags = posted
+        work.wait()
+        signalled, deadline_passed = flags.tolist()
+        return StopReason(signalled=bool(signalled), deadline_passed=bool(deadline_passed))
+
+    def poll(self, flag: StopFlag) -> StopReason:
+        """Between micro-batches, without waiting: the ranks' agreement as of the previous poll."""
+        previous, self._posted = self._posted, self._post(flag)
+        return self._settle(previous) if previous is not None else StopReason()
+
+    def agree(self, flag: StopFlag) -> StopReason:
+        """Every rank's flag now (blocking: once per optimizer step)."""
+        self.close()
+        return self._settle(self._post(flag))
+
+    def close(self) -> None:
+        """Wait for a posted poll nobody read (the step ended first), so no collective is left in flight."""
+        if self._posted is not None:
+            self._settle(self._posted)
+            self._posted = None

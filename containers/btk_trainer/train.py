@@ -564,6 +564,7 @@ class Trainer:
                     self.read_steps(result)  # the checkpoint holds the settled non-finite count
                     self.save(blocking=result.interrupted)
             self.read_steps(result)
+            self.stop_agreement.close()
             self.checkpointer.close()
 
     def save(self, *, blocking: bool) -> None:
@@ -607,7 +608,7 @@ class Trainer:
             if self.config.on_micro_batch is not None:
                 self.config.on_micro_batch(step, micro)
             with self.phases.phase("communication"):
-                result.stop_reason = self.stop_agreement.agree(flag)
+                result.stop_reason = self.stop_agreement.poll(flag)
             return result.stop_reason.any
 
         loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,

@@ -70,3 +70,42 @@ def test_any_text_is_a_block_none_or_one_line(text: str) -> None:
         assert "\n" not in str(error)
     else:
         assert block is None or block.line().startswith("btk: capacity block ends ")
+
+
+def _agreement_rank(rank: int, port: int, answers: dict[int, list[tuple[str, bool]]]) -> None:
+    """Rank 0 is signalled just before its 4th poll; both ranks record every answer they get."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from btk_trainer.stopping import StopAgreement, StopFlag
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    agreement, flag, seen = StopAgreement(torch.device("cpu")), StopFlag(), []
+    for step in range(2):
+        for poll in range(1, 6):
+            if rank == 0 and (step, poll) == (1, 3):
+                flag.signalled = True
+            seen.append(("poll", agreement.poll(flag).any))
+        seen.append(("agree", agreement.agree(flag).any))
+    agreement.close()
+    answers[rank] = seen
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_ranks_see_a_stop_at_the_same_poll_one_micro_batch_later_and_at_the_step_end() -> None:
+    """Between micro-batches nobody waits for the round trip: a stop posted at one poll is read at the next."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    answers = mp.Manager().dict()
+    mp.start_processes(_agreement_rank, args=(port, answers), nprocs=2, start_method="spawn")
+    assert answers[0] == answers[1]
+    quiet = [("poll", False)] * 5 + [("agree", False)]
+    assert answers[0] == quiet + [("poll", False)] * 3 + [("poll", True), ("poll", True), ("agree", True)]
