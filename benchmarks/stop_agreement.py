@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "containers"))
 
-from btk_trainer.stopping import StopAgreement, StopFlag  # noqa: E402
+from btk_trainer.stopping import StopAgreement, StopFlag
 
 
 def _work(milliseconds: float, busy: bool) -> None:
