@@ -100,12 +100,14 @@ actionlint: setup
 zizmor: setup
 	$(VENV)/bin/zizmor --offline --no-progress .github/workflows/
 
-## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles)
+## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles,
+## the trainer's stop agreement per step)
 bench: setup node_modules/.installed
 	$(PY) benchmarks/plan_latency.py 5
 	$(PY) benchmarks/calibrate.py
 	$(PY) benchmarks/synth_time.py --runs 3
 	$(PY) benchmarks/synth_scaling.py
+	$(PY) benchmarks/stop_agreement.py
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
