@@ -34,6 +34,12 @@ def register(subparsers: Any) -> None:
         help="compare the deployed pipelines with this synthesized cloud assembly (npx cdk synth -o DIR); "
         "default: with the deployed template",
     )
+    parser.add_argument(
+        "--lookup-role",
+        action="store_true",
+        help="read as the environment's CDK bootstrap lookup role (cdk-<qualifier>-lookup-role-…, ReadOnlyAccess), "
+        "assumed with the usual credentials: how the deploy workflow runs it",
+    )
     add_format_argument(parser)
     parser.set_defaults(handler=_handle)
 
@@ -53,14 +59,26 @@ def run_doctor(
     from btk.catalog import get_environment
     from btk.doctor.assembly import read_cloud_assembly
     from btk.doctor.aws import Caller, client_factory
-    from btk.doctor.checks import Target, caller_account, check_target, planned_jobs, run_checks
+    from btk.doctor.checks import (
+        Target,
+        assume_lookup_role,
+        caller_account,
+        check_target,
+        planned_jobs,
+        run_checks,
+    )
     from btk.doctor.findings import counts, exit_code
 
     env = get_environment(args.env)
     jobs = planned_jobs(env)
     assembly = read_cloud_assembly(args.cloud_assembly, env) if args.cloud_assembly is not None else None
-    caller = Caller(clients if clients is not None else client_factory(env.region), sleep=sleep or time.sleep)
+    pause = sleep or time.sleep
+    caller = Caller(clients if clients is not None else client_factory(env.region), sleep=pause)
     account, arn = caller_account(caller)
+    if args.lookup_role:
+        credentials = assume_lookup_role(caller, env, account, arn)
+        caller = Caller(clients if clients is not None else client_factory(env.region, credentials), sleep=pause)
+        account, arn = caller_account(caller)
     check_target(env, account, assembly)
     target = Target(env=env, account=account, jobs=jobs, assembly=assembly)
     findings = run_checks(target, caller, now or datetime.now(UTC))

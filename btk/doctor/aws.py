@@ -56,12 +56,22 @@ class ServiceError(Exception):
         self.message = message
 
 
-def client_factory(region: str) -> ClientFactory:
-    """Clients of one boto3 session in ``region``, with botocore's standard retry mode, made once each."""
+def client_factory(region: str, credentials: dict[str, Any] | None = None) -> ClientFactory:
+    """Clients of one boto3 session in ``region``, with botocore's standard retry mode, made once each.
+
+    ``credentials``: an STS ``Credentials`` answer to use instead of boto3's usual chain.
+    """
     import boto3
     from botocore.config import Config
 
-    session = boto3.session.Session(region_name=region)
+    keys = {}
+    if credentials is not None:
+        keys = {
+            "aws_access_key_id": credentials["AccessKeyId"],
+            "aws_secret_access_key": credentials["SecretAccessKey"],
+            "aws_session_token": credentials["SessionToken"],
+        }
+    session = boto3.session.Session(region_name=region, **keys)
     config = Config(retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS}, user_agent_extra="btk-doctor")
     made: dict[str, Any] = {}
 

@@ -46,6 +46,12 @@ def bootstrap_command(env: EnvironmentConfig, account: str) -> str:
     )
 
 
+def lookup_role_arn(env: EnvironmentConfig, account: str, partition: str = "aws") -> str:
+    """The bootstrap's lookup role (``ReadOnlyAccess``): what CI's deploy role reads the account as."""
+    name = f"cdk-{env.bootstrap_qualifier}-lookup-role-{account}-{env.region}"
+    return f"arn:{partition}:iam::{account}:role/{name}"
+
+
 def bootstrap_finding(env: EnvironmentConfig, account: str, need: BootstrapNeed, caller: Caller) -> Finding:
     """Whether the bootstrap of ``env.bootstrap_qualifier`` exists in the account and region at ``need``."""
     name = version_parameter(env.bootstrap_qualifier)

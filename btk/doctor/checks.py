@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
+from typing import Any
 
 from btk.doctor.assembly import CloudAssembly
 from btk.doctor.aws import Answer, Caller, ServiceError, UnansweredError
-from btk.doctor.bootstrap import BootstrapNeed, bootstrap_finding
+from btk.doctor.bootstrap import BootstrapNeed, bootstrap_command, bootstrap_finding, lookup_role_arn
 from btk.doctor.deployed import (
     DeployedStack,
     describe_stack,
@@ -62,6 +63,21 @@ def caller_account(caller: Caller) -> tuple[str, str]:
     except ServiceError as error:
         raise BtkError(f"AWS refused the credentials: {error}: refresh them and retry") from None
     return str(identity.get("Account", "")), str(identity.get("Arn", ""))
+
+
+def assume_lookup_role(caller: Caller, env: EnvironmentConfig, account: str, caller_arn: str) -> dict[str, Any]:
+    """STS credentials of the environment's bootstrap lookup role; :class:`BtkError` when it cannot be assumed."""
+    partition = caller_arn.split(":")[1] if caller_arn.startswith("arn:") else "aws"
+    role = lookup_role_arn(env, account, partition)
+    try:
+        answer = caller.call("sts", "assume_role", RoleArn=role, RoleSessionName=f"btk-doctor-{env.name}")
+    except (UnansweredError, ServiceError) as error:
+        raise BtkError(
+            f"cannot read as the lookup role {role}: {error}: bootstrap the environment "
+            f"({bootstrap_command(env, account)}) and let the caller assume it"
+        ) from None
+    credentials: dict[str, Any] = answer["Credentials"]
+    return credentials
 
 
 def check_target(env: EnvironmentConfig, account: str, assembly: CloudAssembly | None) -> None:

@@ -420,6 +420,7 @@ def doctor(
     *,
     output_format: str = "table",
     cloud_assembly: Any = None,
+    lookup_role: bool = False,
     sleeps: list[float] | None = None,
 ) -> tuple[int, list[str]]:
     """``btk doctor --env env_name`` against ``aws`` at :data:`NOW`: the exit code and the lines printed.
@@ -432,7 +433,9 @@ def doctor(
 
     from btk.cli.doctor import run_doctor
 
-    args = argparse.Namespace(env=env_name, cloud_assembly=cloud_assembly, output_format=output_format)
+    args = argparse.Namespace(
+        env=env_name, cloud_assembly=cloud_assembly, output_format=output_format, lookup_role=lookup_role
+    )
     recorded = sleeps if sleeps is not None else []
     if capsys is None:
         buffer = io.StringIO()

@@ -10,6 +10,7 @@ import pytest
 from doctor_fixtures import (
     ACCOUNT,
     CALLER_ARN,
+    NOW,
     Error,
     StubbedAws,
     denied,
@@ -238,3 +239,78 @@ def test_a_listing_that_never_ends_costs_its_own_checks_only(capsys: pytest.Capt
         )
     assert code == 0
     assert list(found) == expected_checks(env.name)
+
+
+LOOKUP_ROLE = f"arn:aws:iam::{ACCOUNT}:role/cdk-btkdev-lookup-role-{ACCOUNT}-us-east-1"
+LOOKUP_ROLE_ARN = f"arn:aws:sts::{ACCOUNT}:assumed-role/cdk-btkdev-lookup-role-{ACCOUNT}-us-east-1/btk-doctor-dev"
+
+
+def test_with_lookup_role_the_checks_read_as_the_bootstrap_lookup_role(capsys: pytest.CaptureFixture[str]) -> None:
+    aws = healthy("dev")
+    identities = iter(
+        [
+            {"UserId": "AROADEPLOY:deploy", "Account": ACCOUNT, "Arn": CALLER_ARN},
+            {"UserId": "AROALOOKUP:btk-doctor-dev", "Account": ACCOUNT, "Arn": LOOKUP_ROLE_ARN},
+        ]
+    )
+    aws.answers[("sts", "GetCallerIdentity")] = lambda params: next(identities)
+    aws.answers[("sts", "AssumeRole")] = {
+        "Credentials": {
+            "AccessKeyId": "ASIAEXAMPLELOOKUP01",
+            "SecretAccessKey": "not-a-real-secret",
+            "SessionToken": "not-a-real-token",
+            "Expiration": NOW,
+        },
+        "AssumedRoleUser": {"AssumedRoleId": "AROALOOKUP:btk-doctor-dev", "Arn": LOOKUP_ROLE_ARN},
+    }
+    code, lines = doctor("dev", aws, capsys, lookup_role=True)
+    assert code == 0
+    assert lines[0].endswith(f"as {LOOKUP_ROLE_ARN}")
+    (assumed,) = [params for _, operation, params in aws.calls if operation == "AssumeRole"]
+    assert assumed == {"RoleArn": LOOKUP_ROLE, "RoleSessionName": "btk-doctor-dev"}
+    aws.done()
+
+
+def test_a_lookup_role_that_cannot_be_assumed_is_one_line_naming_the_bootstrap(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    aws = healthy("dev")
+    aws.answers[("sts", "AssumeRole")] = denied("sts")
+    monkeypatch.setattr("btk.doctor.aws.client_factory", lambda region, credentials=None: aws.client)
+    assert main(["doctor", "--env", "dev", "--lookup-role"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"btk: error: cannot read as the lookup role {LOOKUP_ROLE}: AWS denied sts:AssumeRole (AccessDeniedException): "
+        f"bootstrap the environment (npx cdk bootstrap aws://{ACCOUNT}/us-east-1 --qualifier btkdev "
+        "--toolkit-stack-name CDKToolkit-btkdev) and let the caller assume it\n"
+    )
+
+
+def test_clients_made_with_assumed_credentials_sign_with_them() -> None:
+    from botocore.awsrequest import AWSResponse
+
+    from btk.doctor.aws import client_factory
+
+    credentials = {"AccessKeyId": "ASIAEXAMPLELOOKUP01", "SecretAccessKey": "x" * 40, "SessionToken": "token"}
+    client = client_factory("us-east-1", credentials)("sts")
+    sent: list[Any] = []
+
+    class Raw:
+        def stream(self, **_: Any) -> Any:
+            yield (
+                b"<GetCallerIdentityResponse><GetCallerIdentityResult><Arn>" + LOOKUP_ROLE_ARN.encode()
+                + b"</Arn><UserId>AROALOOKUP:x</UserId><Account>123456789012</Account></GetCallerIdentityResult>"
+                b"</GetCallerIdentityResponse>"
+            )  # fmt: skip
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        sent.append(request)
+        return AWSResponse(request.url, 200, {}, Raw())
+
+    client.meta.events.register("before-send.sts.GetCallerIdentity", answer)
+    assert client.get_caller_identity()["Arn"] == LOOKUP_ROLE_ARN
+    (request,) = sent
+    assert "Credential=ASIAEXAMPLELOOKUP01/" in request.headers["Authorization"].decode()
+    assert request.headers["X-Amz-Security-Token"].decode() == "token"
+    assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 6}  # 5 retries

@@ -61,3 +61,24 @@ def test_readme_and_deploy_guide_run_the_doctor_before_the_first_deploy() -> Non
         doctor_at = text.find("btk doctor --env staging")
         deploy_at = text.find("npx cdk deploy TrainingStack -c env=staging")
         assert 0 <= doctor_at < deploy_at, f"{path.name}: btk doctor must come before the first cdk deploy"
+
+
+def test_every_deploy_job_runs_the_doctor_before_its_deploy() -> None:
+    import yaml
+
+    workflow = yaml.safe_load((DOC.parents[1] / ".github" / "workflows" / "deploy.yml").read_text())
+    jobs = {name: job for name, job in workflow["jobs"].items() if any(
+        "cdk deploy" in str(step.get("run", "")) for step in job.get("steps", [])
+    )}  # fmt: skip
+    assert jobs, "deploy.yml has no deploy job"
+    for name, job in jobs.items():
+        env = job["environment"]
+        steps = job["steps"]
+        command = f".venv/bin/btk doctor --env {env} --lookup-role"
+        doctor_at = next((i for i, step in enumerate(steps) if str(step.get("run", "")).strip() == command), None)
+        credentials_at = next(i for i, step in enumerate(steps) if "configure-aws-credentials" in step.get("uses", ""))
+        deploy_at = next(i for i, step in enumerate(steps) if "cdk deploy" in str(step.get("run", "")))
+        assert doctor_at is not None, f"{name}: no step runs `{command}`"
+        assert credentials_at < doctor_at < deploy_at, (
+            f"{name}: btk doctor runs with the credentials, before cdk deploy"
+        )
