@@ -1,8 +1,11 @@
 """The README's "Add a model profile" steps, applied as written to a copy of the project.
 
-The copy gets the README's profile appended to ``profiles/llama.py`` and the README's
-``profiles=`` line in ``STAGING``; the tests that read ``profiles/`` and ``environments.py``
-then run there, as ``make test`` would after such a pull request, and ``btk plan`` plans it.
+Both of its ways: ``btk profile import`` run as the README shows it, on Mistral NeMo's real
+config.json (tests/hf_configs; a model whose heads are narrower than hidden / heads) with the
+README's ``FAMILY_MODULES`` lines in ``profiles/__init__.py``, and the hand-written profile
+appended to ``profiles/llama.py``; then the README's ``profiles=`` line in ``STAGING``. The tests
+that read ``profiles/`` and ``environments.py`` then run there, as ``make test`` would after such a
+pull request, and ``btk plan`` plans both.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 # The README's code blocks are found by these markers, so the test follows the README as written.
 PROFILE_MARKER = "<!-- readme-example: add-profile -->"
 ENVIRONMENT_MARKER = "<!-- readme-example: add-to-environment -->"
+IMPORT_MARKER = "<!-- readme-example: import-profile -->"
+IMPORT_FAMILY_MARKER = "<!-- readme-example: import-profile-family -->"
+# The config.json the README's import reads (it names the model: Mistral NeMo 12B).
+IMPORTED_CONFIG = REPO / "tests" / "hf_configs" / "mistral-nemo-base-2407.json"
 # Where the README says to put them.
 FAMILY_MODULE = Path("profiles/llama.py")
 ENVIRONMENT_VARIABLE = "STAGING"
@@ -48,11 +56,12 @@ TOOL_ENVIRONMENT = {
 }
 
 
-def readme_example(marker: str) -> str:
-    """The first ```python block after ``marker`` in README.md."""
+def readme_example(marker: str, language: str = "python") -> str:
+    """The first ```language block after ``marker`` in README.md."""
     readme = (REPO / "README.md").read_text()
     assert marker in readme, f"README.md lost its marker {marker}"
-    start = readme.index("```python\n", readme.index(marker)) + len("```python\n")
+    fence = f"```{language}\n"
+    start = readme.index(fence, readme.index(marker)) + len(fence)
     return readme[start : readme.index("\n```", start)] + "\n"
 
 
@@ -89,6 +98,27 @@ def add_profile(project: Path) -> str:
     return name.group(1)
 
 
+def import_profile(project: Path) -> str:
+    """README's import: its ``btk profile import`` command (the config.json path is the fixture's), then its
+    ``from profiles import`` and ``FAMILY_MODULES`` lines in ``profiles/__init__.py``; returns the profile's name."""
+    command, printed = readme_example(IMPORT_MARKER, "console").splitlines()[:2]
+    words = shlex.split(command.removeprefix("$ "))
+    assert words[:3] == [".venv/bin/btk", "profile", "import"], command
+    name = words[words.index("--name") + 1]
+    done = run(project, "-m", "btk.cli", "profile", "import", str(IMPORTED_CONFIG), *words[4:])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == printed.strip(), "README's printed line differs from what the import prints"
+    package = project / "profiles" / "__init__.py"
+    source = package.read_text()
+    for line in readme_example(IMPORT_FAMILY_MARKER).splitlines():
+        if line.strip():
+            key = line.split("=")[0] if "=" in line else "from profiles import"
+            source, count = re.subn(rf"^{re.escape(key)}.*$", line, source, count=1, flags=re.M)
+            assert count == 1, f"profiles/__init__.py has no line starting {key!r} to replace"
+    package.write_text(source)
+    return name
+
+
 def add_to_environment(project: Path) -> None:
     """README step 2: the README's ``profiles=`` line replaces the environment's."""
     path = project / "environments.py"
@@ -107,19 +137,26 @@ def run(project: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_adding_a_profile_the_readme_way_keeps_the_checks_green(tmp_path: Path) -> None:
+def test_adding_profiles_the_readme_ways_keeps_the_checks_green(tmp_path: Path) -> None:
     project = tmp_path / "project"
     copy_project(project)
+    imported = import_profile(project)
     added = add_profile(project)
     add_to_environment(project)
 
-    plan = run(project, "-m", "btk.cli", "plan", added, "--format", "json")
-    assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["profile"] == added
+    for name in (imported, added):
+        plan = run(project, "-m", "btk.cli", "plan", name, "--format", "json")
+        assert plan.returncode == 0, plan.stderr
+        assert json.loads(plan.stdout)["profile"] == name
 
     plans = run(project, "-m", "btk.cli", "plan", "--env", ENVIRONMENT_NAME, "--format", "json")
     assert plans.returncode == 0, plans.stderr
-    assert added in [entry["profile"] for entry in json.loads(plans.stdout)]
+    assert {imported, added} <= {entry["profile"] for entry in json.loads(plans.stdout)}
+
+    listed = run(project, "-m", "btk.cli", "profiles", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    arch = next(p for p in json.loads(listed.stdout) if p["name"] == imported)["architecture"]
+    assert arch["head_dim"] * arch["num_attention_heads"] != arch["hidden_size"]  # the case the import is for
 
     tests = run(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CONFIG_TESTS)
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
