@@ -34,6 +34,8 @@ ACCESS_DENIED_CODES = _REPORT_DENIED | {"AuthorizationError"}
 IAM_DOC = "docs/deploy.md"
 
 T = TypeVar("T")
+#: What reading an answer outside AWS's documented shape raises (a stand-in's, a proxy's).
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
 ClientFactory = Callable[[str], Any]
 """Returns the client of a boto3 service name (``"sagemaker"``, ``"service-quotas"``, ...)."""
 
@@ -128,14 +130,11 @@ class Caller:
         """The response of ``operation`` (the boto3 method name) of ``service``."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-        action = f"{service}:{operation}"
+        action = self.action(service, operation)
+        self.actions.append(action)
         for attempt in range(1, self._max_attempts + 1):
             try:
-                client = self._clients(service)
-                action = iam_action(client, operation)
-                if attempt == 1:
-                    self.actions.append(action)
-                response: dict[str, Any] = getattr(client, operation)(**params)
+                response: dict[str, Any] = getattr(self._clients(service), operation)(**params)
                 return response
             except ClientError as error:
                 code, message = _error_details(error)
@@ -201,13 +200,13 @@ class Answer(Generic[T]):
     def __init__(self, fetch: Callable[[], T]) -> None:
         self._fetch = fetch
         self._value: tuple[T] | None = None
-        self._failure: UnansweredError | ServiceError | None = None
+        self._failure: Exception | None = None
 
     def get(self) -> T:
         if self._value is None and self._failure is None:
             try:
                 self._value = (self._fetch(),)
-            except (UnansweredError, ServiceError) as failure:
+            except (UnansweredError, ServiceError, *SHAPE_ERRORS) as failure:
                 self._failure = failure
         if self._failure is not None:
             raise self._failure

@@ -58,7 +58,7 @@ def bootstrap_finding(env: EnvironmentConfig, account: str, need: BootstrapNeed,
     check = f"CDK bootstrap '{env.bootstrap_qualifier}'"
     command = bootstrap_command(env, account)
     try:
-        parameter = caller.call("ssm", "get_parameter", Name=name)["Parameter"]
+        parameter = caller.call("ssm", "get_parameter", Name=name).get("Parameter") or {}
     except ServiceError as error:
         if error.code != "ParameterNotFound":
             raise

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from btk.doctor.assembly import CloudAssembly
-from btk.doctor.aws import Answer, Caller, ServiceError, UnansweredError
+from btk.doctor.aws import SHAPE_ERRORS, Answer, Caller, ServiceError, UnansweredError
 from btk.doctor.bootstrap import BootstrapNeed, bootstrap_command, bootstrap_finding, lookup_role_arn
 from btk.doctor.deployed import (
     DeployedStack,
@@ -62,7 +62,10 @@ def caller_account(caller: Caller) -> tuple[str, str]:
         raise BtkError(f"{error}: {error.remedy}") from None
     except ServiceError as error:
         raise BtkError(f"AWS refused the credentials: {error}: refresh them and retry") from None
-    return str(identity.get("Account", "")), str(identity.get("Arn", ""))
+    account, arn = identity.get("Account"), identity.get("Arn")
+    if not isinstance(account, str) or not isinstance(arn, str):
+        raise BtkError("sts:GetCallerIdentity answered without an account: run btk doctor again")
+    return account, arn
 
 
 def assume_lookup_role(caller: Caller, env: EnvironmentConfig, account: str, caller_arn: str) -> dict[str, Any]:
@@ -76,7 +79,11 @@ def assume_lookup_role(caller: Caller, env: EnvironmentConfig, account: str, cal
             f"cannot read as the lookup role {role}: {error}: bootstrap the environment "
             f"({bootstrap_command(env, account)}) and let the caller assume it"
         ) from None
-    credentials: dict[str, Any] = answer["Credentials"]
+    credentials = answer.get("Credentials")
+    if not isinstance(credentials, dict) or not all(
+        isinstance(credentials.get(key), str) for key in ("AccessKeyId", "SecretAccessKey", "SessionToken")
+    ):
+        raise BtkError(f"sts:AssumeRole of {role} answered without credentials: run btk doctor again")
     return credentials
 
 
@@ -113,6 +120,9 @@ def guarded(check: Check) -> Finding:
             name, WARN, f"not checked: {error}", "run btk doctor again; if it persists, look the code up in AWS's docs",
             {"error": str(error), "code": error.code},
         )  # fmt: skip
+    except SHAPE_ERRORS as error:  # an answer outside AWS's documented shape
+        what = f"an AWS answer is not in the documented shape ({type(error).__name__}: {error})"
+        return Finding(name, WARN, f"not checked: {what}", "run btk doctor again", {"error": what})
 
 
 def _own_file_system(stack: Answer[DeployedStack | None]) -> str | None:
@@ -136,7 +146,7 @@ def run_checks(target: Target, caller: Caller, now: datetime) -> list[Finding]:
     findings = [guarded(check) for check in checks]
     try:
         deployed = stack.get()
-    except (UnansweredError, ServiceError):
+    except (UnansweredError, ServiceError, *SHAPE_ERRORS):
         deployed = None  # the stack line says why; what hangs on the stack cannot be read
     if deployed is not None:
         after_deploy: list[Check] = [

@@ -99,7 +99,8 @@ def stack_finding(env: EnvironmentConfig, account: str, stack: DeployedStack | N
 
 
 def _deployed_template(caller: Caller, stack_name: str) -> Any:
-    body = caller.call("cloudformation", "get_template", StackName=stack_name, TemplateStage="Original")["TemplateBody"]
+    answer = caller.call("cloudformation", "get_template", StackName=stack_name, TemplateStage="Original")
+    body = answer.get("TemplateBody", "")
     # botocore decodes a JSON template into a dict; a YAML one stays text (and is not ours).
     try:
         return parse_json(body, f"the deployed template of {stack_name}") if isinstance(body, str) else body

@@ -15,8 +15,11 @@ directories, below files, with missing parents or onto a full disk. Whatever it 
 Arguments whose validity the test cannot know in advance (a generated string that happens
 to parse as a date) may go either way, but still only as above.
 
+``btk doctor`` reads the same empty stand-in for every service; exit 1 (a check failed) counts as
+a valid answer there.
+
 Generated cases per run: top level 60, profiles 60, plan 260, estimate 200, compare 140,
-capacity search 200, capacity show 60, report 200, profile import 120: 1,300 in all.
+capacity search 200, capacity show 60, report 200, profile import 120, doctor 60: 1,360 in all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_fixtures import (
@@ -535,6 +539,37 @@ IMPORTABLE = str(Path(__file__).resolve().parents[1] / "hf_configs" / "qwen3-8b.
 )
 def test_profile(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, args: list[Arg]) -> None:
     check(capsys, sagemaker, ["profile", "import"], args)
+
+
+@dataclass
+class EmptyAccount(EmptySageMaker):
+    """The empty stand-in for every service, with an identity (the doctor needs one to start)."""
+
+    def get_caller_identity(self, **parameters: Any) -> dict[str, Any]:
+        self.calls.append("get_caller_identity")
+        return {
+            "UserId": "AROAFUZZ:fuzz",
+            "Account": "123456789012",
+            "Arn": "arn:aws:sts::123456789012:assumed-role/f/z",
+        }
+
+
+@fuzz(60)
+@given(args=command_line(ENV_OPTION, TABLE_OR_JSON))
+def test_doctor(
+    capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, monkeypatch: pytest.MonkeyPatch, args: list[Arg]
+) -> None:
+    account = EmptyAccount(calls=sagemaker.calls)
+    monkeypatch.setattr("btk.doctor.aws.client_factory", lambda region, credentials=None: lambda service: account)
+    sagemaker.calls.clear()
+    outcome = btk(capsys, ["doctor", *flat(args)])
+    if any(arg.valid is False for arg in args):
+        assert outcome.code == 2, (args, outcome)
+        assert_one_line_error(outcome)
+        assert sagemaker.calls == [], (args, "invalid input reached AWS")
+    else:
+        assert outcome.code in (0, 1), (args, outcome)
+        assert outcome.out.strip() and "Traceback" not in outcome.err, (args, outcome)
 
 
 def _sub_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
