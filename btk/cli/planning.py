@@ -171,6 +171,8 @@ def parse_settings(settings: list[str]) -> dict[str, str]:
             raise BtkError(f"--set {item!r} is malformed: use KEY=VALUE, e.g. --set micro_batch_size=4")
         if key not in KNOB_FIELDS:
             raise BtkError(f"--set {key!r}: unknown knob; known: {', '.join(KNOB_FIELDS)}")
+        if key in values:
+            raise BtkError(f"--set {key} is given twice ({values[key]!r} and {value.strip()!r}): give it once")
         values[key] = value.strip()
     return values
 

@@ -233,6 +233,10 @@ def test_compare_answers_the_migration_question(capsys: pytest.CaptureFixture[st
             "--set 'micro_batch_size' is malformed: use KEY=VALUE",
         ),
         (["estimate", "llama3.1-8b", "--set", "warp_speed=9"], "--set 'warp_speed': unknown knob"),
+        (
+            ["estimate", "llama3.1-8b", "--set", "fused_loss=-1", "--set", "fused_loss=true"],
+            "--set fused_loss is given twice ('-1' and 'true'): give it once",
+        ),
         (["estimate", "llama3.1-8b", "--set", "tensor_parallel=3"], "tensor_parallel: must be one of 1, 2, 4, 8"),
         (
             ["plan", "llama3.1-8b", "--nodes", "0"],
