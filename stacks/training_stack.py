@@ -158,6 +158,10 @@ class TrainingStack(Stack):
                 self.observability.topic.topic_arn,
                 "SNS topic of failed pipeline executions and training jobs (subscribe to be told)",
             ),
+            "EventLogGroupName": (
+                self.observability.event_log_group.log_group_name,
+                "log group recording the failure events (/btk/<env>/training-events-<stack generation>)",
+            ),
         }
         if self.training_plan.plan_arn is not None:
             outputs["TrainingPlanArn"] = (self.training_plan.plan_arn, "default training plan of every pipeline")

@@ -18,7 +18,13 @@ FAKE_MOUNT_NAME = "abcd1234"
 FAKE_SUBNET = "subnet-0a1b2c3d4e5f60718"
 FAKE_GROUP = "sg-0a1b2c3d4e5f60718"
 FAKE_KEY_ARN = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
-PSEUDO = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com"}
+#: The first group of the fake stack id's UUID (``training_constructs.removal.stack_generation``).
+FAKE_STACK_GENERATION = "1a2b3c4d"
+FAKE_STACK_ID = (
+    f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/TrainingStack/{FAKE_STACK_GENERATION}-0000-4000-8000-0123456789ab"
+)
+PSEUDO = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com",
+          "AWS::StackId": FAKE_STACK_ID}
 
 #: Fake values by (resource type, attribute); ``None`` is ``Ref``. Attribute-specific first.
 FAKES: dict[tuple[str, str | None], str] = {
@@ -41,7 +47,8 @@ def fake_value(
         if (kind, attribute) in fakes:
             return fakes[(kind, attribute)]
     if kind == "AWS::Logs::LogGroup":  # as CloudFormation: Ref is the name, Arn ends in ":*"
-        name = template["Resources"][logical_id].get("Properties", {}).get("LogGroupName", logical_id)
+        properties = template["Resources"][logical_id].get("Properties", {})
+        name = resolve(template, properties.get("LogGroupName", logical_id))
         assert isinstance(name, str), name
         return name if attribute is None else f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*"
     by_type = {
@@ -77,6 +84,12 @@ def resolve(
     if set(node) == {"Fn::Join"}:
         separator, parts = node["Fn::Join"]
         return separator.join(str(resolve(template, part, extra, allow_sub)) for part in parts)
+    if set(node) == {"Fn::Split"}:
+        separator, value = node["Fn::Split"]
+        return str(resolve(template, value, extra, allow_sub)).split(separator)
+    if set(node) == {"Fn::Select"}:
+        index, values = node["Fn::Select"]
+        return resolve(template, values, extra, allow_sub)[int(index)]
     if set(node) == {"Fn::Sub"}:
         assert allow_sub, "expected Fn::Join here, not Fn::Sub"
         assert isinstance(node["Fn::Sub"], str), node

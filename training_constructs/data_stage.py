@@ -22,7 +22,7 @@ from constructs import Construct
 from btk.environment import DataStageConfig, validate_fsx_storage_capacity, validate_fsx_throughput
 from training_constructs.locations import FileSystemLocation
 from training_constructs.nag import acknowledge_wildcard_resources
-from training_constructs.removal import data_removal_policy
+from training_constructs.removal import GENERATION_CHARS, data_removal_policy, stack_generation
 
 #: Events FSx mirrors between the file system and the bucket, both ways.
 DRA_EVENTS = ("NEW", "CHANGED", "DELETED")
@@ -67,15 +67,20 @@ BUCKET_NAME_MAX = 63
 
 
 def datasets_bucket_name(environment: str, stack: Stack) -> str:
-    """``btk-<env>-datasets-<account>-<region>``: a name known before the bucket exists.
+    """``btk-<env>-datasets-<account>-<generation>``: a name known before the bucket exists.
 
     The key's FSx statement names the bucket, and the bucket is encrypted with the key: with a
-    CloudFormation-generated name the two would depend on each other.
+    CloudFormation-generated name the two would depend on each other. The generation
+    (:func:`~training_constructs.removal.stack_generation`) changes with each creation of the
+    stack, so a bucket kept by ``retain_data`` never blocks the next deploy.
     """
-    name = f"btk-{environment}-datasets-{stack.account}-{stack.region}"
-    if not Token.is_unresolved(name) and len(name) > BUCKET_NAME_MAX:
-        raise ValueError(f"datasets bucket name {name} is over {BUCKET_NAME_MAX} characters: shorten the environment")
-    return name
+    prefix = f"btk-{environment}-datasets-{stack.account}-"
+    if not Token.is_unresolved(stack.account) and len(prefix) + GENERATION_CHARS > BUCKET_NAME_MAX:
+        raise ValueError(
+            f"datasets bucket name {prefix}<{GENERATION_CHARS} hex> is over {BUCKET_NAME_MAX} characters: "
+            "shorten the environment"
+        )
+    return prefix + stack_generation(stack)
 
 
 @dataclass(frozen=True)
@@ -226,8 +231,9 @@ class DataStageProps:
     :param vpc: the VPC of the file system (``fsx`` mode).
     :param subnet: the training subnet the file system lives in (``fsx`` mode).
     :param security_group: the EFA/Lustre security group shared with the training jobs.
-    :param retain_data: RETAIN buckets and the file system on stack deletion (prod); otherwise
-        DESTROY (a bucket that still holds objects then fails to delete: empty it first).
+    :param retain_data: RETAIN the buckets on stack deletion (prod); otherwise DESTROY (a bucket
+        that still holds objects then fails to delete: empty it first). The file system is a cache
+        of the datasets prefix and is always deleted.
     :param datasets_bucket_name: name of the datasets bucket (``fsx`` mode: the one the key's
         FSx statement names, :func:`datasets_bucket_name`). Default: None (CloudFormation names it).
     """
@@ -340,7 +346,9 @@ class DataStage(Construct):
             security_group=props.security_group,
             storage_capacity_gib=config.fsx_storage_capacity_gib,
             kms_key=self.key,
-            removal_policy=self.removal_policy,
+            # A cache of the datasets prefix, deleted with the stack even when data is retained:
+            # a kept file system would keep the VPC, subnet and security group from being deleted.
+            removal_policy=RemovalPolicy.DESTROY,
             file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
             lustre_configuration=fsx.LustreConfiguration(
                 deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
@@ -365,7 +373,11 @@ class DataStage(Construct):
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=events),
             ),
         )
-        association.apply_removal_policy(self.removal_policy)
+        association.apply_removal_policy(RemovalPolicy.DESTROY)
+        # The file system checks at creation that its security group admits Lustre traffic, and
+        # must be gone before those rules are: depending on the whole group (its rule resources
+        # included) orders both.
+        file_system.node.add_dependency(props.security_group)
         return FileSystemLocation(file_system.file_system_id, file_system.mount_name, config.fsx_directory)
 
     # -- grants ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from btk.metrics import METRICS_BY_KEY
 from btk.naming import environment_prefix
 from training_constructs.data_stage import account_log_groups_condition
 from training_constructs.job_logs import SageMakerJobLogGroups, SageMakerJobLogGroupsProps
-from training_constructs.removal import data_removal_policy
+from training_constructs.removal import data_removal_policy, stack_generation
 from training_constructs.sagemaker_service import (
     PIPELINE_METRIC_NAMESPACE,
     TRAINING_JOB_LOG_GROUP,
@@ -134,7 +134,8 @@ class TrainingObservability(Construct):
         self.event_log_group = logs.LogGroup(
             self,
             "EventLog",
-            log_group_name=f"/btk/{env.name}/training-events",
+            # The generation keeps a group retained by a destroyed stack from blocking the next deploy.
+            log_group_name=f"/btk/{env.name}/training-events-{stack_generation(stack)}",
             encryption_key=self.key,
             removal_policy=removal,
         )

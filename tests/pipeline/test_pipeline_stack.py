@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import botocore.session
+import cfn_fakes
 import fixture_catalog as fc
 import pipeline_fixtures as fx
 import pytest
@@ -43,6 +44,8 @@ from training_constructs.pipeline_definition import (
 # Fixture environments with an FSx data stage and an S3 one: names and profiles come from them.
 STAGING, DEV = fc.STAGING, fc.DEV
 PLAN_ARN = f"arn:aws:sagemaker:{fx.REGION}:{fx.ACCOUNT}:training-plan/btk-test-plan"
+#: The event log group of staging: its name carries the stack's generation (a retained group never blocks a redeploy).
+EVENT_LOG = f"/btk/staging/training-events-{cfn_fakes.FAKE_STACK_GENERATION}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -365,7 +368,7 @@ def test_failure_rules_notify_an_encrypted_topic(staging: dict[str, Any]) -> Non
     assert any(s.get("Principal") == {"Service": "events.amazonaws.com"} and "aws:SourceArn" in str(s)
                for s in statements)
     assert any(s["Effect"] == "Deny" and "aws:SecureTransport" in str(s) for s in statements)
-    log_target = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:/btk/staging/training-events"
+    log_target = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:{EVENT_LOG}"
     for rule in rules:
         targets = [fx.resolve(staging, target["Arn"]) for target in rule["Properties"]["Targets"]]
         assert len(targets) == 2 and log_target in targets  # no ":*": EventBridge would deliver nothing
@@ -373,7 +376,7 @@ def test_failure_rules_notify_an_encrypted_topic(staging: dict[str, Any]) -> Non
 
 def test_event_log_group_has_environment_retention_and_key(staging: dict[str, Any]) -> None:
     groups = [g for g in _resources(staging, "AWS::Logs::LogGroup")
-              if g["Properties"].get("LogGroupName") == "/btk/staging/training-events"]
+              if fx.resolve(staging, g["Properties"].get("LogGroupName")) == EVENT_LOG]
     assert len(groups) == 1
     assert groups[0]["Properties"]["RetentionInDays"] == STAGING.log_retention_days
     assert "KmsKeyId" in groups[0]["Properties"]
@@ -384,7 +387,7 @@ def test_event_log_policy_lets_only_the_failure_rules_put_events(staging: dict[s
     document = json.loads(fx.resolve(staging, policy["Properties"]["PolicyDocument"]))
     by_action = {statement["Action"]: statement for statement in document["Statement"]}
     assert set(by_action) == {"logs:CreateLogStream", "logs:PutLogEvents"}
-    group_arn = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:/btk/staging/training-events:*"
+    group_arn = f"arn:aws:logs:{fx.REGION}:{fx.ACCOUNT}:log-group:{EVENT_LOG}:*"
     for statement in by_action.values():
         assert statement["Principal"] == {"Service": ["events.amazonaws.com", "delivery.logs.amazonaws.com"]}
         assert statement["Resource"] == group_arn
