@@ -383,8 +383,9 @@ def bad_setting() -> st.SearchStrategy[str]:
 
 
 def settings_option(hostile: bool) -> st.SearchStrategy[list[Arg]]:
-    """Up to three ``--set KEY=VALUE``; hostile: one of them bad."""
-    good = st.lists(Opt("--set", GOOD_SETTINGS, GOOD_SETTINGS.__contains__, required=True)(False), max_size=2)
+    """Up to three ``--set KEY=VALUE``, each knob once (twice is refused); hostile: one of them bad."""
+    good = st.lists(Opt("--set", GOOD_SETTINGS, GOOD_SETTINGS.__contains__, required=True)(False), max_size=2,
+                    unique_by=lambda args: args[-1].words[-1].removeprefix("--set=").partition("=")[0])
     if not hostile:
         return good.map(_flatten)
     bad = bad_setting().flatmap(lambda v: option("--set", v, False))
