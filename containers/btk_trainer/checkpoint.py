@@ -33,6 +33,16 @@ SHA-256s split across the ranks of a node, which share its file system). One tha
 skipped with a line saying why, and the next older one is tried. A checkpoint without a
 manifest is not resumed from.
 
+File system faults end in one line, never a traceback on some ranks and a hang on the others:
+every step of a save that touches the disk is followed by an exchange of what each rank found
+(:func:`_agree`), so a full disk, a refused permission or a checkpoint root that is a file on
+any rank makes every rank raise the same :class:`~btk.errors.BtkError` (the trainer puts it in
+the failure file). The failed save's temp directory is removed; the last complete checkpoint
+is untouched and nothing half-written is ever marked ``COMPLETE``. On start, a checkpoint whose
+marker or files cannot be read (permissions, ``COMPLETE`` that is a directory) is skipped for
+the next older one like a damaged one; a root that is a file or cannot be listed is one line.
+A checkpoint that cannot be pruned stays, with a warning line.
+
 :class:`Checkpointer` is what the training loop talks to: it decides when to save
 (:meth:`Checkpointer.should_save`) and carries the trainer's own state
 (:class:`TrainerState`: the step and the data position) beside model and optimizer.
@@ -42,13 +52,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -60,21 +73,38 @@ COMPLETE = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _CHUNK = 1 << 22
+_GIB = 1024**3
+#: What file IO raises: OSError, and torch.save's/torch.load's RuntimeError for a write or read the
+#: C++ stream could not finish (``PytorchStreamWriter failed writing file``), a truncated pickle.
+_IO_ERRORS = (OSError, RuntimeError, EOFError, pickle.UnpicklingError)
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first."""
+def complete_checkpoints(root: Path, skipped: list[tuple[Path, str]] | None = None) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first.
+
+    A step directory whose marker cannot be read (permissions) or is not a file is not complete;
+    ``skipped`` receives it and why. Listing ``root`` itself may raise OSError.
+    """
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
-        if match and (child / COMPLETE).is_file():
-            found.append((int(match.group(1)), child))
+        if not match:
+            continue
+        marker = child / COMPLETE
+        try:
+            if marker.is_file():
+                found.append((int(match.group(1)), child))
+            elif marker.exists() and skipped is not None:
+                skipped.append((child, f"{COMPLETE} is not a file"))
+        except OSError as error:
+            if skipped is not None:
+                skipped.append((child, f"{COMPLETE} cannot be read: {_cause(error)}"))
     return sorted(found)
 
 
@@ -91,22 +121,31 @@ def agreed_latest_checkpoint(root: Path, *, part: int = 0, parts: int = 1) -> tu
     rank is skipped for the next older one, with a line from rank 0 saying why.
 
     Raises:
-        BtkError: some rank has checkpoints but no step is complete on all of them, or none of
-            the common ones verifies (resuming from nothing would silently restart training
-            and overwrite them).
+        BtkError: ``root`` is a file, a dangling link or cannot be listed on some rank; or some
+            rank has checkpoints but no step is complete on all of them, or none of the common
+            ones verifies (resuming from nothing would silently restart training and overwrite
+            them).
     """
-    mine = [step for step, _ in complete_checkpoints(root)]
-    views: list[list[int] | None] = [None] * dist.get_world_size()
+    skipped: list[tuple[Path, str]] = []
+    mine: list[int] | str
+    try:
+        mine = _root_problem(root) or [step for step, _ in complete_checkpoints(root, skipped)]
+    except OSError as error:
+        mine = f"checkpoint directory {root} cannot be listed ({_cause(error)})"
+    views: list[list[int] | str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(views, mine)
-    steps = [set(view or []) for view in views]
+    problem = next((view for view in views if isinstance(view, str)), None)
+    if problem is not None:
+        raise BtkError(f"{problem}; fix it or point the job at another checkpoint directory")
+    if dist.get_rank() == 0:
+        for path, why in skipped:
+            print(f"btk: checkpoint {path} is not usable ({why}); skipped", flush=True)
+    steps = [set(view) if isinstance(view, list) else set() for view in views]
     common = set.intersection(*steps)
     rejected: list[str] = []
     for step in sorted(common, reverse=True):
         path = root / step_dir_name(step)
-        finding = verify_checkpoint(path, part=part, parts=parts)
-        findings: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(findings, finding)
-        first = next((found for found in findings if found), None)
+        first = _agree(verify_checkpoint(path, part=part, parts=parts))
         if first is None:
             return step, path
         rejected.append(f"{path.name}: {first}")
@@ -124,6 +163,71 @@ def agreed_latest_checkpoint(root: Path, *, part: int = 0, parts: int = 1) -> tu
             f"per-rank counts {counts}); restore the same checkpoint prefix on every node or use a fresh one"
         )
     return None
+
+
+def _root_problem(root: Path) -> str | None:
+    """Why ``root`` cannot hold checkpoints at all (a file, a dangling link); None when it can (or is absent)."""
+    if root.is_symlink() and not root.exists():
+        return f"checkpoint directory {root} is a symbolic link to a path that does not exist"
+    if root.exists() and not root.is_dir():
+        return f"checkpoint directory {root} is a file, not a directory"
+    return None
+
+
+def _cause(error: BaseException) -> str:
+    """What stopped a file operation, in a few words: ``No space left on device: /path (rank 1)``."""
+    if isinstance(error, CheckpointException) and error.failures:
+        rank, (inner, _) = min(error.failures.items())
+        return f"{_cause(inner)} (rank {rank})"
+    if isinstance(error, OSError):
+        where = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror or error}{where}"
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _attempt(action: Callable[[], object]) -> str | None:
+    """Run a file operation of this rank: None when it worked, else what stopped it (naming the rank)."""
+    try:
+        action()
+    except _IO_ERRORS as error:
+        return f"{_cause(error)} (rank {dist.get_rank()})"
+    return None
+
+
+def _agree(finding: str | None) -> str | None:
+    """The first (lowest-rank) finding of all ranks, the same on every rank; collective (it is also a barrier)."""
+    findings: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(findings, finding)
+    return next((found for found in findings if found), None)
+
+
+def _temporary(root: Path, step: int) -> Path:
+    return root / f".{step_dir_name(step)}.tmp"
+
+
+def _not_written(root: Path, step: int, cause: str, *, local_rank: int) -> BtkError:
+    """The one line of a save that failed on some rank; its temp directory is removed first (one per node)."""
+    if local_rank == 0:
+        shutil.rmtree(_temporary(root, step), ignore_errors=True)
+    try:
+        kept = latest_checkpoint(root)
+        free = shutil.disk_usage(root if root.is_dir() else root.parent).free / _GIB
+        space = f"; {free:.1f} GiB free there"
+    except OSError:
+        kept, space = None, ""
+    last = f"the last complete one, {kept[1].name}, is kept" if kept else "no earlier checkpoint is complete"
+    return BtkError(
+        f"checkpoint step {step} could not be written under {root} ({cause}{space}); {last}: free space or "
+        "restore write access there (job.keep_last_checkpoints sets how many are kept), then restart the job"
+    )
+
+
+def _check(root: Path, step: int, finding: str | None, *, local_rank: int) -> None:
+    """Agree on this save step's findings; any rank's is every rank's :class:`BtkError`."""
+    agreed = _agree(finding)
+    if agreed is not None:
+        raise _not_written(root, step, agreed, local_rank=local_rank)
 
 
 def _sha256(path: Path) -> str:
@@ -155,8 +259,18 @@ def verify_checkpoint(path: Path, *, part: int = 0, parts: int = 1) -> str | Non
     """What is wrong with checkpoint ``path``, or None when it matches its manifest.
 
     Every file's presence and size are checked; the SHA-256 of files ``part``, ``part + parts``, ...
-    (in name order) only, so ``parts`` ranks sharing a file system split the reading.
+    (in name order) only, so ``parts`` ranks sharing a file system split the reading. A file that
+    cannot be read (permissions) is a finding like a damaged one.
     """
+    try:
+        return _verify(path, part=part, parts=parts)
+    except OSError as error:
+        return f"cannot be read ({_cause(error)})"
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return f"{MANIFEST} malformed"
+
+
+def _verify(path: Path, *, part: int, parts: int) -> str | None:
     try:
         marker = json.loads((path / COMPLETE).read_text())
         expected_manifest = marker["manifest_sha256"]
@@ -206,9 +320,16 @@ def save(
     local_rank: int,
     keep: int,
 ) -> Path:
-    """Write checkpoint ``step`` atomically; collective over all ranks."""
+    """Write checkpoint ``step`` atomically; collective over all ranks.
+
+    Raises:
+        BtkError: on every rank when any rank could not write its part (see the module docstring).
+    """
     temporary = _start(root, step, local_rank)
-    dcp_save(_state(model, optimizer, trainer_state), checkpoint_id=str(temporary))
+    try:
+        dcp_save(_state(model, optimizer, trainer_state), checkpoint_id=str(temporary))
+    except CheckpointException as error:  # DCP raises it on every rank when any rank failed
+        raise _not_written(root, step, _cause(error), local_rank=local_rank) from None
     return _complete(root, step, local_rank=local_rank, keep=keep)
 
 
@@ -227,16 +348,19 @@ def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_sta
 def _start(root: Path, step: int, local_rank: int) -> Path:
     """Create the temp directory of checkpoint ``step`` and write this rank's RNG file into it; collective."""
     rank = dist.get_rank()
-    temporary = root / f".{step_dir_name(step)}.tmp"
-    if rank == 0:
+    temporary = _temporary(root, step)
+
+    def fresh() -> None:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir(parents=True)
-    dist.barrier()
-    if local_rank == 0 and rank != 0:  # node-local directories (on a shared FS it exists already)
-        temporary.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    torch.save(_rng_state(), temporary / _rng_file_name(rank))
+
+    _check(root, step, _attempt(fresh) if rank == 0 else None, local_rank=local_rank)
+    node_local = local_rank == 0 and rank != 0  # node-local directories (on a shared FS it exists already)
+    finding = _attempt(lambda: temporary.mkdir(parents=True, exist_ok=True)) if node_local else None
+    _check(root, step, finding, local_rank=local_rank)
+    finding = _attempt(lambda: torch.save(_rng_state(), temporary / _rng_file_name(rank)))
+    _check(root, step, finding, local_rank=local_rank)
     return temporary
 
 
@@ -244,19 +368,27 @@ def _complete(root: Path, step: int, *, local_rank: int, keep: int) -> Path:
     """After every rank's DCP files landed: manifest, marker, rename, prune (see the module docstring); collective."""
     rank = dist.get_rank()
     final = root / step_dir_name(step)
-    temporary = root / f".{step_dir_name(step)}.tmp"
-    entries: list[dict[str, dict[str, Any]] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, describe_files(_own_files(temporary, rank)))  # also the barrier
-    files = {name: entry for part in entries for name, entry in (part or {}).items()}
+    temporary = _temporary(root, step)
+    described: dict[str, dict[str, Any]] | str
+    try:
+        described = describe_files(_own_files(temporary, rank))
+    except OSError as error:
+        described = f"{_cause(error)} (rank {rank})"
+    entries: list[dict[str, dict[str, Any]] | str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, described)  # also the barrier
+    _check(root, step, next((entry for entry in entries if isinstance(entry, str)), None), local_rank=local_rank)
+    files = {name: entry for part in entries if isinstance(part, dict) for name, entry in part.items()}
     manifest = json.dumps({"step": step, "files": files}, indent=1, sort_keys=True) + "\n"
-    if rank == 0:
-        _finalize(temporary, final, step, manifest)
-        _prune(root, keep)
-    dist.barrier()
-    if local_rank == 0 and rank != 0 and temporary.is_dir():  # this node's own (node-local) directory
-        _finalize(temporary, final, step, manifest)
-        _prune(root, keep)
-    dist.barrier()
+
+    def finish() -> str | None:
+        finding = _attempt(lambda: _finalize(temporary, final, step, manifest))
+        if finding is None:
+            _prune(root, keep)
+        return finding
+
+    _check(root, step, finish() if rank == 0 else None, local_rank=local_rank)
+    node_local = local_rank == 0 and rank != 0 and temporary.is_dir()  # this node's own directory is still there
+    _check(root, step, finish() if node_local else None, local_rank=local_rank)
     return final
 
 
@@ -274,30 +406,70 @@ def _finalize(temporary: Path, final: Path, step: int, manifest: str) -> None:
 
 
 def _remove(checkpoint: Path) -> None:
-    """Delete a checkpoint marker first: a kill midway leaves an incomplete directory, never a marked half."""
-    (checkpoint / COMPLETE).unlink(missing_ok=True)
+    """Delete a checkpoint marker first: a kill midway leaves an incomplete directory, never a marked half.
+
+    A marker that is a directory (never written by us, but restored or made by hand) goes the same way.
+    """
+    marker = checkpoint / COMPLETE
+    if marker.is_dir() and not marker.is_symlink():
+        shutil.rmtree(marker)
+    else:
+        marker.unlink(missing_ok=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _prune(root: Path, keep: int) -> None:
-    for _, path in complete_checkpoints(root)[:-keep]:
-        _remove(path)
-    for child in root.iterdir():
-        if child.name.startswith(".step_") and child.name.endswith(".tmp"):
-            shutil.rmtree(child, ignore_errors=True)
+    """Remove all but the newest ``keep`` complete checkpoints and stray temp directories.
+
+    Never fails a save: a checkpoint that cannot be removed stays, with a warning line.
+    """
+    try:
+        old = complete_checkpoints(root)[:-keep]
+        strays = [child for child in root.iterdir() if child.name.startswith(".step_") and child.name.endswith(".tmp")]
+    except OSError as error:
+        print(f"btk: warning: old checkpoints under {root} not pruned ({_cause(error)})", flush=True)
+        return
+    for _, path in old:
+        try:
+            _remove(path)
+        except OSError as error:
+            print(f"btk: warning: checkpoint {path} not pruned ({_cause(error)}); it stays", flush=True)
+    for child in strays:
+        shutil.rmtree(child, ignore_errors=True)
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer state."""
+    """Restore model, optimizer and this rank's RNG from ``path``; returns the trainer state; collective.
+
+    Raises:
+        BtkError: on every rank when any rank could not read its part (the checkpoint verified, so
+            this is the file system: permissions, a disk error).
+    """
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state, "trainer": ""}
-    dcp_load(state, checkpoint_id=str(path))
+    try:
+        dcp_load(state, checkpoint_id=str(path))
+    except CheckpointException as error:  # raised on every rank when any rank failed
+        raise _not_loaded(path, _cause(error)) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rng_file = path / _rng_file_name(dist.get_rank())
-    if rng_file.is_file():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+
+    def restore_rng() -> None:
+        if rng_file.is_file():
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+
+    failed = _agree(_attempt(restore_rng))
+    if failed is not None:
+        raise _not_loaded(path, failed)
     trainer: dict[str, Any] = json.loads(state["trainer"])
     return trainer
+
+
+def _not_loaded(path: Path, cause: str) -> BtkError:
+    return BtkError(
+        f"checkpoint {path} verified but could not be loaded ({cause}); fix access to it, or move it away "
+        "to resume from the one before"
+    )
 
 
 class TrainerState:
@@ -405,7 +577,10 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        pending.future.result()
+        try:
+            pending.future.result()
+        except CheckpointException as error:  # raised on every rank when any rank's background write failed
+            raise _not_written(pending.root, pending.step, _cause(error), local_rank=self.local_rank) from None
         _complete(pending.root, pending.step, local_rank=self.local_rank, keep=self.keep)
 
     def close(self) -> None:

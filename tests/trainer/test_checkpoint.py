@@ -5,6 +5,9 @@ The multi-rank DCP protocol runs in test_distributed.
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,13 +27,15 @@ from btk_trainer.checkpoint import (
     verify_checkpoint,
 )
 from btk_trainer.data import ResumableSampler
-from btk_trainer.train import RunConfig, train
+from btk_trainer.train import RunConfig, main, train
+from checkpoint_faults import PHASES, TORCH_WRITE_FAILED, fill_disk
 from trainer_fixtures import one_rank_env, sigterm_after, tiny_spec
 
 from btk.errors import BtkError
-from btk.hyperparameters import JobHyperparameters
+from btk.hyperparameters import JobHyperparameters, to_hyperparameters
 
 WORKER = Path(__file__).with_name("dist_worker.py")
+FAULT_WORKER = Path(__file__).with_name("checkpoint_fault_worker.py")
 
 
 def _checkpointer(root: Path | None, interval: int = 3) -> Checkpointer:
@@ -196,3 +201,185 @@ def test_kill_9_mid_checkpoint_resumes_from_the_previous_complete_one(
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _hyperparameters(tmp_path: Path, spec: JobHyperparameters) -> Path:
+    path = tmp_path / "hyperparameters.json"
+    path.write_text(json.dumps(to_hyperparameters(spec)))
+    return path
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_full_disk_ends_the_job_with_one_line_and_keeps_the_last_checkpoint(
+    phase: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while step 4 is written (its tensor files, RNG file, manifest or marker): the job fails
+    with one line in the failure file, step 2 stays complete and verified, nothing of step 4 is left that a
+    resume could take, and a restart resumes from step 2 bit-identical to an uninterrupted run."""
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2, "max_steps": 6})
+    root, failure = tmp_path / "ckpt", tmp_path / "failure"
+    fill_disk(monkeypatch, phase, ".step_00000004.tmp")
+    code = main(["--hyperparameters", str(_hyperparameters(tmp_path, spec)), "--checkpoint-dir", str(root),
+                 "--failure-file", str(failure)])
+    lines = failure.read_text().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    cause = {
+        "data": f"No space left on device: {root}/.step_00000004.tmp/__0_0.distcp (rank 0)",
+        "rng": f"RuntimeError: {TORCH_WRITE_FAILED} (rank 0)",
+        "manifest": f"No space left on device: {root}/.step_00000004.tmp/{MANIFEST} (rank 0)",
+        "marker": f"No space left on device: {root}/.step_00000004.tmp/{COMPLETE} (rank 0)",
+    }[phase]
+    assert lines[0].startswith(f"btk: error: checkpoint step 4 could not be written under {root} ({cause}; ")
+    assert "GiB free there); the last complete one, step_00000002, is kept: free space" in lines[0]
+    assert [step for step, _ in complete_checkpoints(root)] == [2]
+    assert verify_checkpoint(root / step_dir_name(2)) is None
+    assert sorted(child.name for child in root.iterdir()) == [step_dir_name(2)]  # no step 4, no temp directory
+    monkeypatch.undo()
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    resumed = train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, return_state=True))
+    assert resumed.resumed_from == 2 and resumed.steps_done == 6
+    assert _equal(resumed.final_state or {}, _straight_run(spec, 6))
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_marker_that_is_a_directory_is_skipped_then_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``COMPLETE`` restored as a directory: not a complete checkpoint (resume from the one before), and the
+    re-save of its step replaces it (deleting such a marker used to raise IsADirectoryError)."""
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    root = tmp_path / "ckpt"
+    train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(4)))
+    marker = root / step_dir_name(4) / COMPLETE
+    marker.unlink()
+    marker.mkdir()
+    capsys.readouterr()
+    resumed = train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, return_state=True))
+    assert f"checkpoint {root / step_dir_name(4)} is not usable (COMPLETE is not a file); skipped" in (
+        capsys.readouterr().out)
+    assert resumed.resumed_from == 2 and resumed.steps_done == 6
+    assert _equal(resumed.final_state or {}, _straight_run(spec, 6))
+    assert verify_checkpoint(root / step_dir_name(4)) is None and marker.is_file()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_checkpoint_files_that_cannot_be_read_fall_back_to_the_previous_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read permission refused (by injection: the tests may run as root) on a data file of the newest
+    checkpoint, then on its marker: each is skipped like a damaged one, never a PermissionError."""
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    root = tmp_path / "ckpt"
+    train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(4)))
+    newest = root / step_dir_name(4)
+    real_open, real_is_file = Path.open, Path.is_file
+    denied: set[Path] = {newest / "__0_0.distcp"}
+
+    def open_(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self in denied:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, *args, **kwargs)
+
+    def is_file(self: Path) -> bool:
+        if self in denied:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "open", open_)
+    assert verify_checkpoint(newest) == f"cannot be read (Permission denied: {newest / '__0_0.distcp'})"
+    denied.add(newest / COMPLETE)
+    monkeypatch.setattr(Path, "is_file", is_file)
+    skipped: list[tuple[Path, str]] = []
+    assert [step for step, _ in complete_checkpoints(root, skipped)] == [2]
+    assert skipped == [(newest, f"COMPLETE cannot be read: Permission denied: {newest / COMPLETE}")]
+    denied.remove(newest / COMPLETE)
+    capsys.readouterr()
+    resumed = train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=root, return_state=True))
+    assert f"checkpoint {newest} is not usable (cannot be read (Permission denied" in capsys.readouterr().out
+    assert resumed.resumed_from == 2 and resumed.steps_done == 6
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("kind", ["a file", "a dangling link"])
+def test_a_checkpoint_root_that_cannot_hold_checkpoints_is_one_line_at_start(kind: str, tmp_path: Path) -> None:
+    """Before any step (it used to train, then fail its first save with FileExistsError on rank 0 only)."""
+    root, failure = tmp_path / "ckpt", tmp_path / "failure"
+    if kind == "a file":
+        root.write_text("not a directory")
+        expected = f"checkpoint directory {root} is a file, not a directory"
+    else:
+        root.symlink_to(tmp_path / "gone")
+        expected = f"checkpoint directory {root} is a symbolic link to a path that does not exist"
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2, "max_steps": 4})
+    code = main(["--hyperparameters", str(_hyperparameters(tmp_path, spec)), "--checkpoint-dir", str(root),
+                 "--failure-file", str(failure)])
+    assert code == 2
+    assert failure.read_text() == (
+        f"btk: error: {expected}; fix it or point the job at another checkpoint directory\n")
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_checkpoint_that_cannot_be_pruned_stays_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from btk_trainer import checkpoint
+
+    remove = checkpoint._remove
+
+    def refused(path: Path) -> None:
+        if path.name == step_dir_name(2):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path / COMPLETE))
+        remove(path)
+
+    monkeypatch.setattr(checkpoint, "_remove", refused)
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2, "keep_last_checkpoints": 1})
+    root = tmp_path / "ckpt"
+    result = train(RunConfig(spec=spec, max_steps=7, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(6)))
+    assert result.saved_step == 6
+    assert [step for step, _ in complete_checkpoints(root)] == [2, 6]  # step 4 pruned, step 2 refused
+    out = capsys.readouterr().out
+    assert f"btk: warning: checkpoint {root / step_dir_name(2)} not pruned (Permission denied: " in out
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_verified_checkpoint_that_cannot_be_loaded_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    root = tmp_path / "ckpt"
+    train(RunConfig(spec=spec, max_steps=3, device="cpu", checkpoint_dir=root, on_step_end=sigterm_after(2)))
+    load = torch.load
+
+    def unreadable(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(f).endswith("rng_rank00000.pt"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(f))
+        return load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", unreadable)
+    path = root / step_dir_name(2)
+    with pytest.raises(BtkError) as raised:
+        train(RunConfig(spec=spec, max_steps=3, device="cpu", checkpoint_dir=root))
+    assert str(raised.value) == (
+        f"checkpoint {path} verified but could not be loaded (Input/output error: {path / 'rng_rank00000.pt'} "
+        "(rank 0)); fix access to it, or move it away to resume from the one before"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["data", "rng"])
+def test_a_full_disk_on_one_of_two_ranks_is_every_ranks_one_line(phase: str, tmp_path: Path) -> None:
+    """Two gloo ranks, the disk full on rank 1 only: both end with the same line (no rank left waiting in a
+    collective the other never joins), and step 2 stays complete."""
+    completed = subprocess.run([sys.executable, str(FAULT_WORKER), phase, str(tmp_path)], capture_output=True,
+                               text=True, timeout=240, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    outcomes = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
+    root = tmp_path / "ckpt"
+    cause = "No space left on device" if phase == "data" else "RuntimeError"
+    assert outcomes[0] == outcomes[1], outcomes
+    assert outcomes[0].startswith(f"checkpoint step 4 could not be written under {root} ({cause}")
+    assert "(rank 1)" in outcomes[0] and "the last complete one, step_00000002, is kept" in outcomes[0]
+    assert [step for step, _ in complete_checkpoints(root)] == [2]
+    assert not (root / ".step_00000004.tmp").exists()
