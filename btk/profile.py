@@ -50,17 +50,17 @@ NormPlacement = Literal["pre", "post"]
 add (``x + norm(attn(x))``, OLMo 2)."""
 
 UNSUPPORTED_FEATURES: dict[str, str] = {
-    "num_experts": "mixture-of-experts layers",
-    "num_local_experts": "mixture-of-experts layers",
-    "n_routed_experts": "mixture-of-experts layers",
-    "moe_intermediate_size": "mixture-of-experts layers",
-    "sliding_window": "sliding-window attention",
-    "layer_types": "per-layer attention types (sliding-window attention)",
+    "num_experts": "mixture-of-experts",
+    "num_local_experts": "mixture-of-experts",
+    "n_routed_experts": "mixture-of-experts",
+    "moe_intermediate_size": "mixture-of-experts",
     "final_logit_softcapping": "logit soft-capping",
     "attn_logit_softcapping": "attention logit soft-capping",
-    "vision_config": "a vision tower (multimodal models)",
-    "audio_config": "an audio tower (multimodal models)",
+    "vision_config": "a vision tower (multimodal model)",
+    "audio_config": "an audio tower (multimodal model)",
     "text_config": "a multimodal wrapper around the language model",
+    "sliding_window": "sliding-window attention",
+    "layer_types": "per-layer attention types (sliding-window attention)",
 }
 """Architecture features the trainer does not implement, by the field that asks for them.
 
@@ -154,7 +154,7 @@ class ModelArchitecture(BaseModel):
             raise FieldError(
                 "num_attention_heads",
                 f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size "
-                f"({self.hidden_size}); pick a head count that divides it, or give head_dim",
+                f"({self.hidden_size}); pick a head count that divides it",
             )
         if self.num_attention_heads % self.num_kv_heads:
             raise FieldError(

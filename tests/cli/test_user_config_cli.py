@@ -77,7 +77,7 @@ def test_readme_add_a_profile_example_plans() -> None:
     from btk.planner.search import plan_profile
 
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Add a model profile") :]
+    section = readme[readme.index("<!-- readme-example: add-profile -->") :]
     start = section.index("```python\n") + len("```python\n")
     code = section[start : section.index("\n```", start)]
     namespace = dict(vars(llama)) | {"KnobPins": profile_module.KnobPins}
