@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from textwrap import dedent
+from typing import Any
 
 import pytest
 from stack_synth import REPO
@@ -223,9 +224,8 @@ def only_user_root(user_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``user_root`` as the only place the user's modules can come from: the repository root (on the Python
     path, and mapped by the editable install's finder) is hidden, so a module missing there is missing."""
     monkeypatch.setattr(sys, "path", [entry for entry in sys.path if Path(entry or ".").resolve() != REPO])
-    monkeypatch.setattr(
-        sys, "meta_path", [finder for finder in sys.meta_path if "__editable__" not in getattr(finder, "__module__", "")]
-    )
+    finders = [finder for finder in sys.meta_path if "__editable__" not in getattr(finder, "__module__", "")]
+    monkeypatch.setattr(sys, "meta_path", finders)
     importlib.invalidate_caches()
     assert importlib.util.find_spec("environments") is None, "the repository's environments.py is still reachable"
     return user_root
