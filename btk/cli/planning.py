@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from btk.cli.arguments import max_nodes, node_count, non_empty
+from btk.cli.arguments import MAX_NUMBER_CHARS, max_nodes, node_count, non_empty
 from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
 from btk.table import Column, Table
@@ -76,11 +76,44 @@ def register(subparsers: Any) -> None:
         help="comma-separated instance types",
     )
     compare.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
+    compare.add_argument(
+        "--total-tokens",
+        type=token_count,
+        default=None,
+        metavar="TOKENS",
+        help="tokens to price the run for, e.g. 300B or 1.4T (default: the profile's training.total_tokens)",
+    )
     add_format_argument(compare)
     compare.add_argument(
         "--plot", type=non_empty, metavar="FILE.png", help="draw tokens/s/GPU and $ per billion tokens per instance"
     )
     compare.set_defaults(handler=cmd_compare)
+
+
+TOKEN_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+MAX_TOTAL_TOKENS = 10**18
+"""More than any training run prices (a million times Llama 3's 15T): a larger count is a typo."""
+
+
+def token_count(text: str) -> int:
+    """A whole number of tokens, optionally with a K, M, B or T suffix (``300B``, ``1.4T``), 1 to 10^18."""
+    from decimal import Decimal, InvalidOperation
+
+    stripped = text.strip()
+    suffix = stripped[-1:].upper() if stripped[-1:].isalpha() else ""
+    number = stripped[: len(stripped) - len(suffix)]
+    value: Decimal | None = None
+    digits = number.replace(".", "", 1)
+    if suffix in TOKEN_SUFFIXES and len(number) <= MAX_NUMBER_CHARS and digits.isascii() and digits.isdigit():
+        try:
+            value = Decimal(number) * TOKEN_SUFFIXES[suffix]
+        except InvalidOperation:
+            value = None
+    if value is None or value != value.to_integral_value() or not 1 <= value <= MAX_TOTAL_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a token count from 1 to 10^18: give a whole number, or one with K, M, B or T (300B)"
+        )
+    return int(value)
 
 
 PROFILES_TABLE: Table[ModelProfile] = Table(
@@ -180,6 +213,7 @@ def parse_settings(settings: list[str]) -> dict[str, str]:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
+    from btk.planner.band import band_for
     from btk.planner.render import render_what_if
     from btk.planner.search import what_if
 
@@ -187,7 +221,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     instance = get_instance_type(args.instance)
     result = what_if(profile, instance, args.nodes, parse_settings(args.settings))
     evaluation = result.evaluation
+    band = band_for(instance)
     if args.output_format == JSON:
+        nearest = result.nearest
         print_json(
             {
                 "profile": profile.name,
@@ -196,16 +232,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 "start": result.start,
                 "set": list(result.changed),
                 **evaluation.as_json(),
+                "shortfall_gib": round(evaluation.shortfall_gib, 1),
+                "nearest_fitting": None
+                if nearest is None
+                else nearest.as_json() | {"changed": result.changed_to_fit()},
                 "global_batch_tokens": result.global_batch.as_json(),
+                "error_band": band.as_json(),
             }
         )
     else:
         print(f"{profile.name} on {args.nodes} x {instance.name}")
+        print(f"error band: {band.describe()}")
         print(render_what_if(result))
     if not evaluation.fits:
         print(
-            f"btk: warning: needs {evaluation.memory.total:.1f} GiB per GPU, over the "
-            f"{evaluation.budget_gib:.1f} GiB budget: this run would run out of memory",
+            f"btk: warning: {evaluation.describe_shortfall()}: this run would run out of memory",
             file=sys.stderr,
         )
     return 0
@@ -222,7 +263,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     names = [name.strip() for name in args.instances.split(",") if name.strip()]
     if not names:
         raise BtkError("--instances is empty: give e.g. ml.p5.48xlarge,ml.p6-b200.48xlarge")
-    comparisons = compare_instances(profile, [get_instance_type(name) for name in names], args.nodes)
+    instances = [get_instance_type(name) for name in names]
+    comparisons = compare_instances(profile, instances, args.nodes, args.total_tokens)
     written = [plot_compare(profile.name, args.nodes, comparisons, plot)] if plot is not None else []
     if args.output_format == JSON:
         print_json({"profile": profile.name, "nodes": args.nodes, "instances": [row.to_json() for row in comparisons]})

@@ -1,14 +1,22 @@
-"""``btk compare``'s answer: the best plan of one profile on each of several instance types.
+"""``btk compare``'s answer: the best plan of one profile on each of several instance types,
+cheapest first, with the instances whose costs the models cannot tell apart marked as such.
 
 Figures are kept as the planner predicts them: the JSON rounds them as ``btk plan --format json``
 does, and the text table formats them with the same functions as ``btk plan`` (``render``), so
 one figure reads the same in every output.
+
+**Ranking.** Rows are sorted by dollars per billion tokens (the order of "$ to train" too: every
+row trains the same tokens). A row's cost is a prediction with an error band (cost is price
+over speed, so the speed's band is the cost's): two rows whose costs differ by no more than
+the wider of their two bands are *indistinguishable*, and a row's rank counts only the rows
+that are cheaper by more than that. A row whose band is unknown (the question lies outside
+the published evidence) is not ranked at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from btk.errors import InfeasiblePlanError
@@ -31,7 +39,17 @@ class PlannedFigures:
     usd_per_billion_tokens: float
     memory_gib: float
     training_cost: TrainingCost | None
-    """What the profile's ``training.total_tokens`` costs (None when it sets none)."""
+    """What the profile's ``training.total_tokens`` (or ``--total-tokens``) costs (None when neither is set)."""
+
+
+@dataclass(frozen=True)
+class CostRank:
+    """Where one fitting row stands by cost: its rank, and the rows it cannot be told apart from."""
+
+    rank: int
+    """1 + the rows whose cost is lower by more than the error band."""
+    indistinguishable_from: tuple[str, ...] = ()
+    """The instance types whose cost differs from this row's by less than the wider of the two bands."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +57,15 @@ class InstanceComparison:
     """One instance type: its best plan, or why none fits, and the longest sequence one node trains."""
 
     instance_type: str
+    gpu: str
     longest_seq_len_one_node: int
     planned: PlannedFigures | None
     band: ErrorBand
-    """How far this GPU family's predictions missed published runs (leave-one-out)."""
+    """How far predictions for this question missed published runs (leave-source-out)."""
     reason: str | None = None
     """Why no knob set fits (only when ``planned`` is None)."""
+    cost_rank: CostRank | None = None
+    """Set by :func:`rank_by_cost`; None where the row does not fit or its band is unknown."""
 
     @property
     def fits(self) -> bool:
@@ -52,17 +73,16 @@ class InstanceComparison:
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``btk compare --format json`` row."""
+        head = {"instance_type": self.instance_type, "gpu": self.gpu}
         if self.planned is None:
-            return {
-                "instance_type": self.instance_type,
+            return head | {
                 "fits": False,
                 "reason": self.reason,
                 "longest_seq_len_one_node": self.longest_seq_len_one_node,
                 "error_band": self.band.as_json(),
             }
-        planned = self.planned
-        return {
-            "instance_type": self.instance_type,
+        planned, rank = self.planned, self.cost_rank
+        return head | {
             "fits": True,
             "knobs": planned.knobs.model_dump(),
             "tokens_per_second_per_gpu": round(planned.tokens_per_second_per_gpu, 1),
@@ -72,17 +92,27 @@ class InstanceComparison:
             "memory_gib": round(planned.memory_gib, 1),
             "training_cost": planned.training_cost.as_json() if planned.training_cost is not None else None,
             "longest_seq_len_one_node": self.longest_seq_len_one_node,
+            "cost_rank": rank.rank if rank is not None else None,
+            "indistinguishable_from": list(rank.indistinguishable_from) if rank is not None else None,
             "error_band": self.band.as_json(),
         }
+
+
+def with_total_tokens(profile: ModelProfile, total_tokens: int | None) -> ModelProfile:
+    """``profile`` with ``training.total_tokens`` replaced (unchanged when ``total_tokens`` is None)."""
+    if total_tokens is None:
+        return profile
+    return profile.model_copy(update={"training": profile.training.model_copy(update={"total_tokens": total_tokens})})
 
 
 def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) -> InstanceComparison:
     """The best plan of ``profile`` on ``nodes`` x ``instance``, or the reason none fits."""
     longest = longest_sequence_one_node(profile, instance)
+    gpu = instance.gpu.name
     try:
         plan = plan_profile(profile, instance, nodes)
     except InfeasiblePlanError as error:
-        return InstanceComparison(instance.name, longest, None, band_for(instance), str(error))
+        return InstanceComparison(instance.name, gpu, longest, None, band_for(instance), str(error))
     estimate = plan.evaluation.estimate
     planned = PlannedFigures(
         knobs=plan.knobs,
@@ -93,9 +123,49 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
         memory_gib=plan.evaluation.memory.total,
         training_cost=plan.training_cost(),
     )
-    return InstanceComparison(instance.name, longest, planned, band_for(instance))
+    return InstanceComparison(instance.name, gpu, longest, planned, band_for(instance))
 
 
-def compare_instances(profile: ModelProfile, instances: Sequence[InstanceType], nodes: int) -> list[InstanceComparison]:
-    """One comparison per instance type, in the order given."""
-    return [compare_instance(profile, instance, nodes) for instance in instances]
+def _cost(row: InstanceComparison) -> float:
+    assert row.planned is not None
+    return row.planned.usd_per_billion_tokens
+
+
+def distinguishable(cheaper: InstanceComparison, costlier: InstanceComparison) -> bool:
+    """Whether ``costlier`` costs more than ``cheaper`` by more than the wider of their tokens/s bands."""
+    band = max(cheaper.band.tokens_per_second or 0.0, costlier.band.tokens_per_second or 0.0)
+    return _cost(costlier) / _cost(cheaper) - 1 > band
+
+
+def rank_by_cost(rows: Sequence[InstanceComparison]) -> list[InstanceComparison]:
+    """Fitting rows cheapest first with their :class:`CostRank`, then rows outside the evidence, then misfits.
+
+    A row's rank is one more than the number of rows distinguishably cheaper than it; rows
+    whose costs differ by no more than the wider of their bands are indistinguishable (and,
+    next to each other, share a rank).
+    """
+    fitting = sorted((row for row in rows if row.planned is not None), key=lambda row: (_cost(row), row.instance_type))
+    banded = [row for row in fitting if row.band.tokens_per_second is not None]
+    ranked = []
+    for row in banded:
+        cheaper = [other for other in banded if _cost(other) < _cost(row) and distinguishable(other, row)]
+        same = tuple(
+            other.instance_type
+            for other in banded
+            if other is not row
+            and not distinguishable(*sorted((other, row), key=lambda r: (_cost(r), r.instance_type)))
+        )
+        ranked.append(replace(row, cost_rank=CostRank(1 + len(cheaper), same)))
+    unbanded = [row for row in fitting if row.band.tokens_per_second is None]
+    return ranked + unbanded + [row for row in rows if row.planned is None]
+
+
+def compare_instances(
+    profile: ModelProfile, instances: Sequence[InstanceType], nodes: int, total_tokens: int | None = None
+) -> list[InstanceComparison]:
+    """One comparison per instance type, ranked by cost (:func:`rank_by_cost`).
+
+    ``total_tokens`` replaces the profile's ``training.total_tokens`` in the cost to train.
+    """
+    profile = with_total_tokens(profile, total_tokens)
+    return rank_by_cost([compare_instance(profile, instance, nodes) for instance in instances])

@@ -67,13 +67,16 @@ def _memory_row(memory: MemoryBreakdown, name: str) -> str:
 
 
 def render_evaluation(evaluation: Evaluation) -> str:
+    """Knobs, memory and, where they fit, speed and price; where they do not, the shortfall and no price."""
     e, m = evaluation.estimate, evaluation.memory
     lines = [f"  knobs     {_knob_line(evaluation.knobs)}"]
     lines.append("  memory    " + "  ".join(_memory_row(m, name) for name in MEMORY_ROWS) + " GiB")
+    if not evaluation.fits:
+        lines.append(f"  DOES NOT FIT: {evaluation.describe_shortfall()}: it cannot run, so it has no speed or price")
+        return "\n".join(lines)
     lines.append(
         f"  estimate  {format_speed(e.tokens_per_second_per_gpu)} tokens/s/GPU  MFU {format_mfu(e.mfu)}  "
-        f"step {e.step_seconds:.2f} s  {format_usd(e.usd_per_billion_tokens)} per billion tokens  "
-        f"(fits: {'yes' if evaluation.fits else 'NO'})"
+        f"step {e.step_seconds:.2f} s  {format_usd(e.usd_per_billion_tokens)} per billion tokens  (fits: yes)"
     )
     return "\n".join(lines)
 
@@ -146,6 +149,14 @@ def render_what_if(what_if: WhatIf) -> str:
         lines.append(
             f"note: global batch {batch.planned_tokens:,} tokens, not the profile's {batch.requested_tokens:,}"
         )
+    if what_if.evaluation.fits:
+        return "\n".join(lines)
+    if what_if.nearest is None:
+        lines.append("no searched knob set fits this cluster at this seq_len: add nodes or shorten the sequence")
+        return "\n".join(lines)
+    changes = what_if.changed_to_fit()
+    lines.append(f"nearest knobs that fit ({len(changes)} changed: {', '.join(changes)}):")
+    lines.append(render_evaluation(what_if.nearest))
     return "\n".join(lines)
 
 
@@ -170,9 +181,21 @@ def _longest(comparison: InstanceComparison) -> str:
     return f"{comparison.longest_seq_len_one_node:,}" if comparison.longest_seq_len_one_node else "does not fit"
 
 
+def _rank(comparison: InstanceComparison) -> str:
+    """``1``; ``=1`` where the row is indistinguishable from another; ``?`` outside the evidence; ``-`` misfit."""
+    rank = comparison.cost_rank
+    if comparison.planned is None:
+        return "-"
+    if rank is None:
+        return "?"
+    return f"={rank.rank}" if rank.indistinguishable_from else str(rank.rank)
+
+
 COMPARE_TABLE: Table[InstanceComparison] = Table(
     [
+        Column("rank", _rank, "right", 4),
         Column("instance type", lambda c: c.instance_type, "left", 22),
+        Column("GPU", lambda c: c.gpu, "left", 12),
         Column(
             "tok/s/GPU", _planned_cell(lambda p: format_speed(p.tokens_per_second_per_gpu), "does not fit"), "right", 10
         ),
@@ -190,14 +213,37 @@ COMPARE_TABLE: Table[InstanceComparison] = Table(
 )
 
 
+def _usd_per_billion(comparison: InstanceComparison) -> str:
+    return "" if comparison.planned is None else format_usd(comparison.planned.usd_per_billion_tokens)
+
+
+def _ranking_lines(comparisons: Sequence[InstanceComparison]) -> list[str]:
+    """What the rank column means, and each group of rows the models cannot tell apart."""
+    lines = [
+        "rank: by $ per billion tokens, cheapest first; '=N': indistinguishable from another row (the costs differ "
+        "by less than the wider of their error bands); '?': outside the published evidence, not ranked"
+    ]
+    by_name = {c.instance_type: c for c in comparisons}
+    seen: set[str] = set()
+    for row in comparisons:
+        rank = row.cost_rank
+        if rank is None or not rank.indistinguishable_from or row.instance_type in seen:
+            continue
+        group = [row.instance_type, *(name for name in rank.indistinguishable_from if name not in seen)]
+        seen.update(group)
+        costs = ", ".join(f"{name} {_usd_per_billion(by_name[name])}" for name in group)
+        lines.append(f"indistinguishable at this band: {costs} per billion tokens")
+    return lines
+
+
 def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> str:
-    lines = [f"{profile} on {nodes} node(s) of each instance type", ""]
+    lines = [f"{profile} on {nodes} node(s) of each instance type, cheapest first", ""]
     costs = [c.planned.training_cost for c in comparisons if c.planned is not None and c.planned.training_cost]
-    notes = [""]
+    notes = ["", *_ranking_lines(comparisons)]
     if costs:
         notes.append(
-            f"days, $ to train: training.total_tokens ({format_tokens(costs[0].total_tokens)}) on demand at the "
-            "catalog price; --format json adds the training plans it takes (their fees are not in the catalog)"
+            f"days, $ to train: {format_tokens(costs[0].total_tokens)} tokens on demand at the catalog price; "
+            "--format json adds the training plans it takes (their fees are not in the catalog)"
         )
     bands = ["error bands (how far the model missed published runs it was not fitted to):"]
     bands += [f"  {c.instance_type:22} {c.band.describe()}" for c in comparisons]

@@ -73,11 +73,26 @@ class Evaluation:
     def fits(self) -> bool:
         return self.memory.total <= self.budget_gib
 
+    @property
+    def shortfall_gib(self) -> float:
+        """GiB per GPU over the budget (0 when it fits)."""
+        return max(0.0, self.memory.total - self.budget_gib)
+
+    def describe_shortfall(self) -> str:
+        """``needs X GiB per GPU, Y GiB over the Z GiB budget (the largest part)``."""
+        memory = self.memory
+        largest = memory.largest_part()
+        return (
+            f"needs {memory.total:.1f} GiB per GPU, {self.shortfall_gib:.1f} GiB over the {self.budget_gib:.1f} GiB "
+            f"budget ({largest} {getattr(memory, largest):.1f} GiB is the largest part)"
+        )
+
     def as_json(self) -> dict[str, Any]:
+        """Knobs, memory and fit; the speed and price only where the knobs fit (a run that cannot happen has none)."""
         return {
             "knobs": self.knobs.model_dump(),
             "memory_gib": self.memory.as_json(),
-            "estimate": self.estimate.as_json(),
+            "estimate": self.estimate.as_json() if self.fits else None,
             "fits": self.fits,
         }
 
@@ -408,13 +423,9 @@ def rank(feasible: Sequence[Evaluation], count: int) -> list[Evaluation]:
 def _pin_overflow_message(profile: ModelProfile, instance: InstanceType, candidates: list[Evaluation]) -> str:
     pins = ", ".join(f"{key}={value}" for key, value in profile.pinned.as_dict().items())
     smallest = min(candidates, key=lambda evaluation: evaluation.memory.total)
-    memory = smallest.memory
-    over = memory.total - smallest.budget_gib
     prefix = f"pinned {pins} does not fit" if pins else f"{profile.name} does not fit"
     return (
-        f"{prefix} on {instance.name}: the smallest configuration needs {memory.total:.1f} GiB per GPU, "
-        f"{over:.1f} GiB over the {smallest.budget_gib:.1f} GiB budget ({memory.largest_part()} "
-        f"{getattr(memory, memory.largest_part()):.1f} GiB is the largest part); add nodes, "
+        f"{prefix} on {instance.name}: the smallest configuration {smallest.describe_shortfall()}; add nodes, "
         "raise tensor_parallel or unpin"
     )
 
@@ -555,6 +566,54 @@ class WhatIf:
     """Whether gradient accumulation was recomputed to keep the profile's global batch."""
     evaluation: Evaluation
     global_batch: GlobalBatch
+    nearest: Evaluation | None = None
+    """Where ``evaluation`` does not fit: the fitting knob set nearest to it (:func:`nearest_fitting`)."""
+
+    def changed_to_fit(self) -> list[str]:
+        """``knob old -> new`` for every searched knob :attr:`nearest` changes (empty without one)."""
+        if self.nearest is None:
+            return []
+        return [
+            f"{name} {getattr(self.evaluation.knobs, name)} -> {getattr(self.nearest.knobs, name)}"
+            for name in NEAREST_KNOBS
+            if getattr(self.evaluation.knobs, name) != getattr(self.nearest.knobs, name)
+        ]
+
+
+#: The knobs :func:`nearest_fitting` counts changes of (gradient accumulation follows from them).
+NEAREST_KNOBS = (
+    "micro_batch_size",
+    "activation_checkpointing",
+    "precision",
+    "sharding",
+    "tensor_parallel",
+    "compile",
+    "fused_loss",
+)
+
+
+def nearest_fitting(
+    profile: ModelProfile, instance: InstanceType, nodes: int, knobs: TrainingKnobs
+) -> Evaluation | None:
+    """The searched knob set that fits and changes fewest of ``knobs``' values, the fastest of those; None if none fits.
+
+    The search runs at ``knobs``' sequence length and keeps the profile's global batch and pins.
+    """
+    training = profile.training.model_copy(update={"seq_len": knobs.seq_len})
+    at_length = profile.model_copy(update={"training": training})
+    try:
+        check_accumulation_bound(at_length, instance, nodes)
+    except InfeasiblePlanError:
+        return None
+    fitting = [candidate for candidate in enumerate_candidates(at_length, instance, nodes) if candidate.fits]
+    if not fitting:
+        return None
+
+    def distance(candidate: Evaluation) -> tuple[int, float, float]:
+        changes = sum(getattr(candidate.knobs, name) != getattr(knobs, name) for name in NEAREST_KNOBS)
+        return changes, -_speed(candidate), candidate.memory.total
+
+    return min(fitting, key=distance)
 
 
 def what_if(profile: ModelProfile, instance: InstanceType, nodes: int, overrides: Mapping[str, Any]) -> WhatIf:
@@ -563,7 +622,8 @@ def what_if(profile: ModelProfile, instance: InstanceType, nodes: int, overrides
     The profile's global batch is kept: when ``overrides`` change the tokens of a micro-step
     (:data:`BATCH_SHAPING_KNOBS`), gradient accumulation is recomputed unless ``overrides`` or
     the profile's pins set ``gradient_accumulation_steps``. Where no knob set fits, the start
-    is micro-batch 1 with the profile's pins.
+    is micro-batch 1 with the profile's pins. Where the result does not fit, the nearest knob
+    set that does is found too (:func:`nearest_fitting`).
     """
     try:
         start, values = "plan", plan_profile(profile, instance, nodes).knobs.model_dump()
@@ -576,7 +636,8 @@ def what_if(profile: ModelProfile, instance: InstanceType, nodes: int, overrides
     if recompute:
         knobs = _keep_global_batch(profile, instance, nodes, knobs)
     evaluation = evaluate_knobs(profile, instance, nodes, knobs)
-    return WhatIf(start, tuple(overrides), recompute, evaluation, global_batch(profile, evaluation))
+    nearest = None if evaluation.fits else nearest_fitting(profile, instance, nodes, knobs)
+    return WhatIf(start, tuple(overrides), recompute, evaluation, global_batch(profile, evaluation), nearest)
 
 
 def _keep_global_batch(

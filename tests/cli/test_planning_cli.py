@@ -292,3 +292,42 @@ def test_an_invalid_user_profile_is_one_line_naming_the_field(tmp_path: Path) ->
     assert "num_attention_heads (3) must divide hidden_size (1000)" in result.stderr
 
 
+
+
+def test_estimate_of_knobs_that_do_not_fit_prints_no_price_and_the_nearest_that_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["estimate", "qwen2.5-32b", "--instance", "p5", "--set", "micro_batch_size=8"]
+    code, out, err = run(capsys, *argv, "--format", "json")
+    assert code == 0 and "over the" in err
+    data = json.loads(out)
+    assert data["fits"] is False and data["estimate"] is None
+    assert data["shortfall_gib"] == pytest.approx(data["memory_gib"]["total"] - 0.9 * data["memory_gib"]["capacity"],
+                                                  abs=0.1)
+    nearest = data["nearest_fitting"]
+    assert nearest["fits"] is True and nearest["estimate"]["usd_per_billion_tokens"] > 0
+    assert nearest["changed"] and all(" -> " in change for change in nearest["changed"])
+    assert set(data["error_band"]) >= {"tokens_per_second_relative"}
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert out.count("per billion tokens") == 1 and "DOES NOT FIT" in out and "nearest knobs that fit" in out
+    assert out.splitlines()[1].startswith("error band: ")
+
+
+def test_compare_names_gpus_sorts_by_cost_and_takes_total_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--total-tokens", "1.5T", "--format", "json")
+    assert code == 0
+    rows = [row for row in json.loads(out)["instances"] if row["fits"]]
+    assert all(row["gpu"].startswith("NVIDIA ") for row in rows)
+    ranked = [row for row in rows if row["cost_rank"] is not None]
+    costs = [row["usd_per_billion_tokens"] for row in ranked]
+    assert costs == sorted(costs) and len(ranked) >= 2
+    assert all(row["training_cost"]["total_tokens"] == 1_500_000_000_000 for row in rows)
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--total-tokens", "1500000000000")
+    assert code == 0 and "1.5T tokens on demand" in out and "GPU" in out.splitlines()[2]
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-3B", "1e9", "B", "3X", "1.00000000001K", "2000000P", "9" * 30])
+def test_compare_refuses_a_bad_token_count_in_one_line(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code, out, err = run(capsys, "compare", "llama3.1-8b", f"--total-tokens={value}")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "is not a token count" in err

@@ -403,6 +403,19 @@ def is_instance_list(value: str) -> bool:
     return bool(names) and all(is_instance(name) for name in names)
 
 
+def is_token_count(value: str) -> bool:
+    """A whole number of tokens, 1 to 10^18, in ASCII digits with an optional K/M/B/T suffix (``1.4T``)."""
+    from decimal import Decimal
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]*)([KMBTkmbt]?)\s*", value)
+    if match is None or not any(ch.isdigit() for ch in match[1]) or len(match[1]) > 20:
+        return False
+    tokens = Decimal(match[1]) * {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}[match[2].lower()]
+    return tokens == tokens.to_integral_value() and 1 <= tokens <= 10**18
+
+
+TOTAL_TOKENS_OPTION = Opt("--total-tokens", ("300B", "1", "1.4T", " 2000000 ", "5k"), is_token_count,
+                          bad=("0", "1.5", "1e9", "3X", "2000000P"))
 INSTANCE_LISTS = tuple(",".join(names) for names in (INSTANCE_TYPES, list(INSTANCE_TYPES)[:2], ["p5", " b200 "]))
 
 
@@ -413,7 +426,8 @@ def test_compare(
 ) -> None:
     instances = Opt("--instances", INSTANCE_LISTS, is_instance_list)
     args = data.draw(
-        command_line(instances, NODES_OPTION, TABLE_OR_JSON, plot_option(plot_paths), head=(PROFILE_ARGUMENT,))
+        command_line(instances, NODES_OPTION, TOTAL_TOKENS_OPTION, TABLE_OR_JSON, plot_option(plot_paths),
+                     head=(PROFILE_ARGUMENT,))
     )
     check(capsys, sagemaker, ["compare"], args)
 

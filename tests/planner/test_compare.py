@@ -6,12 +6,13 @@ import pytest
 from fixture_catalog import PROFILES
 
 from btk.hardware import get_instance_type
-from btk.planner.compare import compare_instance, compare_instances
+from btk.planner.compare import CostRank, InstanceComparison, compare_instance, compare_instances, rank_by_cost
 from btk.planner.render import render_compare
 from btk.planner.search import plan_profile
 
 FITTING_KEYS = [
     "instance_type",
+    "gpu",
     "fits",
     "knobs",
     "tokens_per_second_per_gpu",
@@ -21,6 +22,8 @@ FITTING_KEYS = [
     "memory_gib",
     "training_cost",
     "longest_seq_len_one_node",
+    "cost_rank",
+    "indistinguishable_from",
     "error_band",
 ]
 
@@ -67,6 +70,7 @@ def test_a_row_that_does_not_fit_says_why() -> None:
     assert not row.fits and row.planned is None
     assert row.to_json() == {
         "instance_type": "ml.p4de.24xlarge",
+        "gpu": "NVIDIA A100 80GB",
         "fits": False,
         "reason": row.reason,
         "longest_seq_len_one_node": 0,
@@ -78,10 +82,62 @@ def test_a_row_that_does_not_fit_says_why() -> None:
 def test_the_table_keeps_every_row_in_line_when_one_does_not_fit() -> None:
     instances = [get_instance_type(name) for name in ("ml.p4de.24xlarge", "ml.p6-b200.48xlarge")]
     lines = render_compare("llama-65b", 1, compare_instances(PROFILES["llama-65b"], instances, 1)).splitlines()
-    assert lines[0] == "llama-65b on 1 node(s) of each instance type"
-    header, rule, missing, fitting = lines[2:6]
+    assert lines[0] == "llama-65b on 1 node(s) of each instance type, cheapest first"
+    header, rule, fitting, missing = lines[2:6]  # the row that fits first: rows are sorted by cost
     assert set(rule) == {"-"} and len(rule) == len(header)
-    assert missing.split() == ["ml.p4de.24xlarge", "does", "not", "fit", "does", "not", "fit"]
+    assert missing.split() == ["-", "ml.p4de.24xlarge", "NVIDIA", "A100", "80GB", "does", "not", "fit", "does", "not",
+                               "fit"]
     column_end = header.index("tok/s/GPU") + len("tok/s/GPU")
     assert missing[:column_end].endswith("does not fit") and fitting[column_end - 1].isdigit()
     assert header.endswith("  knobs") and fitting.endswith("full_shard tp=1")
+    assert fitting.split()[:3] == ["1", "ml.p6-b200.48xlarge", "NVIDIA"]
+
+
+# ------------------------------------------------------------------------------ ranking by cost
+
+
+def _row(name: str, usd_per_billion: float, band: float | None) -> InstanceComparison:
+    """A fitting row costing ``usd_per_billion`` with a tokens/s band of ``band`` (None: outside the evidence)."""
+    from btk.knobs import TrainingKnobs
+    from btk.planner.band import ErrorBand
+    from btk.planner.compare import PlannedFigures
+
+    figures = PlannedFigures(TrainingKnobs(micro_batch_size=1, seq_len=8192), 1.0, 8.0, 0.5, usd_per_billion, 1.0, None)
+    error_band = ErrorBand("family", band, None, 0 if band is None else 3, 0, ())
+    return InstanceComparison(name, "GPU " + name, 0, figures, error_band)
+
+
+def test_rows_are_sorted_by_cost_and_differences_inside_the_band_are_indistinguishable() -> None:
+    rows = [_row("c", 130.0, 0.10), _row("a", 100.0, 0.10), _row("b", 108.0, 0.05), _row("d", 200.0, 0.10)]
+    ranked = rank_by_cost(rows)
+    assert [row.instance_type for row in ranked] == ["a", "b", "c", "d"]
+    standing = {row.instance_type: row.cost_rank for row in ranked}
+    # b is 8 % dearer than a, inside the wider band (10 %); c is 30 % dearer than a but 20.4 % dearer than b
+    assert standing["a"] == CostRank(1, ("b",))
+    assert standing["b"] == CostRank(1, ("a",))
+    assert standing["c"] == CostRank(3, ())
+    assert standing["d"] == CostRank(4, ())
+
+
+def test_a_row_outside_the_evidence_is_not_ranked_and_misfits_come_last() -> None:
+    misfit = InstanceComparison("m", "GPU m", 0, None, _row("x", 1.0, 0.1).band, "does not fit")
+    ranked = rank_by_cost([misfit, _row("u", 50.0, None), _row("a", 100.0, 0.1)])
+    assert [(row.instance_type, row.cost_rank) for row in ranked] == [("a", CostRank(1, ())), ("u", None), ("m", None)]
+    text = render_compare("p", 1, ranked)
+    table = {line.split()[1]: line.split()[0] for line in text.splitlines()[4:7]}
+    assert table == {"a": "1", "u": "?", "m": "-"}
+
+
+def test_indistinguishable_rows_are_named_in_the_text() -> None:
+    text = render_compare("p", 1, rank_by_cost([_row("a", 100.0, 0.1), _row("b", 105.0, 0.1)]))
+    assert "indistinguishable at this band: a $100, b $105 per billion tokens" in text
+    assert [line.split()[0] for line in text.splitlines()[4:6]] == ["=1", "=1"]
+
+
+def test_total_tokens_replaces_the_profiles_in_the_cost() -> None:
+    profile, instance = PROFILES["llama3.1-8b"], get_instance_type("ml.p5.48xlarge")
+    default, = compare_instances(profile, [instance], 1)
+    doubled, = compare_instances(profile, [instance], 1, total_tokens=2 * (profile.training.total_tokens or 1))
+    assert default.planned is not None and doubled.planned is not None
+    assert default.planned.training_cost is not None and doubled.planned.training_cost is not None
+    assert doubled.planned.training_cost.on_demand_usd == pytest.approx(2 * default.planned.training_cost.on_demand_usd)

@@ -215,3 +215,24 @@ def test_the_plan_is_the_documented_choice_among_its_feasible_candidates() -> No
     tied = [c for c in feasible if c.estimate.tokens_per_second_per_gpu >= fastest * (1 - SPEED_RESOLUTION)]
     assert plan.evaluation.memory.total == min(c.memory.total for c in tied)
     assert plan.evaluation in tied
+
+
+def test_why_lines_never_call_a_knob_set_that_does_not_fit_slower() -> None:
+    """Where the faster rivals of a knob value overflow memory, the line names a fitting rival or the overflow."""
+    from btk.planner.search import explain
+
+    profile, instance = PROFILES["llama3.1-8b"], get_instance_type("ml.p5.48xlarge")
+    plan = plan_profile(profile, instance, 1)
+    candidates = list(plan.candidates)
+    best = plan.evaluation
+    # make every knob set with another micro-batch not fit, whatever its speed
+    crippled = [c if c.knobs.micro_batch_size == best.knobs.micro_batch_size else dataclasses.replace(c, budget_gib=0.0)
+                for c in candidates]
+    line = next(line for line in explain(best, crippled, {}) if line.startswith("micro_batch_size"))
+    assert "slower" not in line and "overflows memory" in line
+    for candidates_used in (candidates, crippled):
+        for text in explain(best, candidates_used, {}):
+            if " slower " in text:
+                rival_speed = float(text.split("(")[-1].split(" vs ")[0].replace(",", ""))
+                assert any(c.fits and round(c.estimate.tokens_per_second_per_gpu) == rival_speed
+                           for c in candidates_used), text
