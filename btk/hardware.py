@@ -13,6 +13,7 @@ published measurements (``docs/calibration.md``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from btk.errors import UnknownNameError
@@ -69,6 +70,63 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class CollectiveTiming:
+    """How long an NCCL collective between nodes takes on a fabric, as a function of the node count N.
+
+    ``time = latency(N) + bus bytes / (nominal node bandwidth × bandwidth_fraction(N))``, with
+    ``latency(N) = latency + latency_per_doubling × log2 N`` and ``bandwidth_fraction(N) =
+    min(1, bandwidth_fraction − bandwidth_fraction_per_doubling × log2 N)``. "Bus bytes" are
+    nccl-tests' (``busbw``): a ring moves ``(n−1)/n`` of the buffer per rank for an all-gather
+    or a reduce-scatter and twice that for an all-reduce, and for rings through every GPU of
+    a node it approaches the node's network bandwidth (see
+    :attr:`InstanceType.nominal_allreduce_busbw_gbps`).
+    """
+
+    latency_seconds: Fact
+    latency_seconds_per_doubling: Fact
+    bandwidth_fraction: Fact
+    bandwidth_fraction_per_doubling: Fact
+
+    def latency(self, nodes: int) -> float:
+        return self.latency_seconds.value + self.latency_seconds_per_doubling.value * math.log2(max(nodes, 1))
+
+    def bandwidth_share(self, nodes: int) -> float:
+        """The share of the nominal node bandwidth a collective's bus bandwidth reaches on ``nodes`` nodes."""
+        share = self.bandwidth_fraction.value - self.bandwidth_fraction_per_doubling.value * math.log2(max(nodes, 1))
+        return min(1.0, max(MIN_BANDWIDTH_SHARE, share))
+
+
+#: Below a tenth of the nominal bandwidth the fit above would be extrapolated far past its data.
+MIN_BANDWIDTH_SHARE = 0.1
+
+EFA_P5_NCCL = (
+    "least-squares fit to nccl-tests all_reduce_perf on 2-32 x p5.48xlarge (3,200 Gbit/s EFA, aws-ofi-nccl, "
+    "SageMaker HyperPod), 32 MiB-8 GiB: crazyguitar/aws-gpu-communication-benchmark data/nccl_all_reduce.csv "
+    "(docs/calibration.md, 'Collectives between nodes')"
+)
+#: Measured on P5 (EFAv2). The other EFA instance types are assumed to reach the same latency and
+#: the same share of their own nominal bandwidth: no published nccl-tests sweep over node counts
+#: was found for them.
+EFA_COLLECTIVES = CollectiveTiming(
+    latency_seconds=Fact(137e-6, EFA_P5_NCCL, "2026-12"),
+    latency_seconds_per_doubling=Fact(174e-6, EFA_P5_NCCL, "2026-12"),
+    bandwidth_fraction=Fact(0.999, EFA_P5_NCCL + "; fitted over 4-32 nodes (2 nodes exceed nominal)", "2026-12"),
+    bandwidth_fraction_per_doubling=Fact(0.061, EFA_P5_NCCL + "; fitted over 4-32 nodes", "2026-12"),
+)
+EFA_COLLECTIVES_ASSUMED = CollectiveTiming(
+    *(
+        Fact(fact.value, f"assumed equal to P5's: {fact.source}", fact.date, estimate=True)
+        for fact in (
+            EFA_COLLECTIVES.latency_seconds,
+            EFA_COLLECTIVES.latency_seconds_per_doubling,
+            EFA_COLLECTIVES.bandwidth_fraction,
+            EFA_COLLECTIVES.bandwidth_fraction_per_doubling,
+        )
+    )
+)
+
+
+@dataclass(frozen=True)
 class InstanceType:
     """A SageMaker training instance type."""
 
@@ -85,6 +143,8 @@ class InstanceType:
     #: Managed spot training (``EnableManagedSpotTraining``) on this type; environments asking
     #: for spot where it is not offered are refused at synth.
     managed_spot: Offer = SPOT_NOT_SHOWN
+    #: How collectives between nodes of this type behave (latency, bandwidth share by node count).
+    collectives: CollectiveTiming = EFA_COLLECTIVES_ASSUMED
 
     @property
     def hbm_gib(self) -> float:
@@ -152,10 +212,10 @@ B200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(
-        0.426, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.436, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.372, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
+        0.364, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -171,10 +231,10 @@ H200 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
     achieved_matmul_fraction=Fact(
-        0.521, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.538, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.366, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.352, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -190,10 +250,10 @@ H100 = GpuSpec(
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
     achieved_matmul_fraction=Fact(
-        0.521, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.538, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
     non_matmul_overhead=Fact(
-        0.366, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
+        0.352, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
     ),
 )
 
@@ -205,10 +265,10 @@ A100_80GB = GpuSpec(
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
     achieved_matmul_fraction=Fact(
-        0.521, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
+        0.538, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
     non_matmul_overhead=Fact(
-        0.366, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
+        0.352, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
     ),
 )
 
@@ -265,6 +325,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
                 True, "Service Quotas, Amazon SageMaker: 'ml.p5.48xlarge for spot training job usage'", "2025-06"
             ),
             network_environment=EFA_NETWORK_ENVIRONMENT,
+            collectives=EFA_COLLECTIVES,
         ),
         InstanceType(
             "ml.p4de.24xlarge",

@@ -74,8 +74,8 @@ MEASURED_ARCHITECTURE = ModelArchitecture(
 """Llama 3.1 8B, the model every calibration point ran: part of the evidence, not of the user's ``profiles/``."""
 PRIOR_WEIGHT = 0.02
 GPU_FAMILIES = {"hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"), "blackwell": ("B200",), "ampere": ("A100_80GB",)}
-MEGATRON_ENGINE = 1.588
-B200_POWER_LIMIT = 0.6422
+MEGATRON_ENGINE = 1.575
+B200_POWER_LIMIT = 0.6407
 
 
 @dataclass(frozen=True)
@@ -220,12 +220,13 @@ NAMES = (
     "blackwell.overhead",
     "eager_overhead_factor",
     "gemm_half_efficiency",
+    "communication_interference",
     "fp8_rowwise",
     "mxfp8",
     "megatron_engine",
     "power_limit",
 )
-NEUTRAL = (0.6, 0.3, 0.6, 0.3, 1.0, 4.0e6, 1.0, 1.0, 1.0, 1.0)
+NEUTRAL = (0.6, 0.3, 0.6, 0.3, 1.0, 4.0e6, 0.1, 1.0, 1.0, 1.0, 1.0)
 
 
 def _to_vector(params: Parameters) -> list[float]:
@@ -237,6 +238,7 @@ def _to_vector(params: Parameters) -> list[float]:
         params.overhead["blackwell"],
         c.eager_overhead_factor,
         max(c.gemm_half_efficiency, 1.0),
+        max(c.communication_interference, 1e-4),
         c.cast_cost["fp8_rowwise"],
         c.cast_cost["mxfp8"],
         params.megatron_engine,
@@ -252,6 +254,7 @@ def _from_vector(values: Sequence[float]) -> Parameters:
         constants=ThroughputConstants(
             eager_overhead_factor=v["eager_overhead_factor"],
             gemm_half_efficiency=v["gemm_half_efficiency"],
+            communication_interference=v["communication_interference"],
             cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": v["fp8_rowwise"], "mxfp8": v["mxfp8"]},
         ),
         megatron_engine=v["megatron_engine"],

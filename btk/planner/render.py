@@ -105,6 +105,24 @@ def render_training_cost(cost: TrainingCost | None) -> list[str]:
     ]
 
 
+def render_scaling(plan: Plan) -> list[str]:
+    """On several nodes: tokens/s/GPU against the one-node plan, and the communication the step waits for."""
+    scaling = plan.scaling
+    if scaling is None:
+        return []
+    estimate = plan.evaluation.estimate
+    waits = (
+        f"the step waits {estimate.exposed_communication_seconds:.2f} s of its {estimate.step_seconds:.2f} s "
+        "for communication"
+    )
+    if scaling.efficiency is None or scaling.one_node_tokens_per_second_per_gpu is None:
+        return [f"scaling: the profile does not fit one node, so no one-node figure to compare; {waits}"]
+    return [
+        f"scaling: {scaling.efficiency:.1%} of the one-node plan's "
+        f"{format_speed(scaling.one_node_tokens_per_second_per_gpu)} tokens/s/GPU on {scaling.nodes} nodes; {waits}"
+    ]
+
+
 def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
     best = plan.evaluation
     header = (
@@ -113,6 +131,7 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
     )
     lines = [header, f"error band: {band_for(plan.instance).describe()}", "plan:", render_evaluation(best)]
     lines += render_global_batch(plan.global_batch)
+    lines += render_scaling(plan)
     lines += render_training_cost(plan.training_cost(plan_duration_hours))
     lines.append("why:")
     lines += [f"  - {line}" for line in plan.explanations]

@@ -138,6 +138,45 @@ def cost_to_train(
 
 
 @dataclass(frozen=True)
+class Scaling:
+    """A multi-node plan's tokens/s per GPU against the plan for one node of the same instance type."""
+
+    nodes: int
+    tokens_per_second_per_gpu: float
+    one_node_tokens_per_second_per_gpu: float | None
+    """None where no knob set trains the profile on one node."""
+    reason: str | None = None
+    """Why there is no one-node figure."""
+
+    @property
+    def efficiency(self) -> float | None:
+        """tokens/s/GPU on ``nodes`` nodes over tokens/s/GPU on one (1.0 = perfect scaling)."""
+        if self.one_node_tokens_per_second_per_gpu is None:
+            return None
+        return self.tokens_per_second_per_gpu / self.one_node_tokens_per_second_per_gpu
+
+    def as_json(self) -> dict[str, Any]:
+        one = self.one_node_tokens_per_second_per_gpu
+        efficiency = self.efficiency
+        return {
+            "nodes": self.nodes,
+            "one_node_tokens_per_second_per_gpu": None if one is None else round(one, 1),
+            "efficiency": None if efficiency is None else round(efficiency, 4),
+            "reason": self.reason,
+        }
+
+
+def scaling_vs_one_node(profile: ModelProfile, instance: InstanceType, nodes: int, evaluation: Evaluation) -> Scaling:
+    """``evaluation``'s speed on ``nodes`` nodes against the best plan for one node (same profile, same batch)."""
+    speed = evaluation.estimate.tokens_per_second_per_gpu
+    try:
+        one = plan_profile(profile, instance, 1).evaluation.estimate.tokens_per_second_per_gpu
+    except InfeasiblePlanError as error:
+        return Scaling(nodes, speed, None, f"no plan on one node: {error}")
+    return Scaling(nodes, speed, one)
+
+
+@dataclass(frozen=True)
 class Plan:
     """The chosen knobs with their evaluation, the baseline, alternatives and reasons."""
 
@@ -149,6 +188,8 @@ class Plan:
     alternatives: tuple[Evaluation, ...]
     explanations: tuple[str, ...]
     candidates: tuple[Evaluation, ...] = field(repr=False, default=())
+    scaling: Scaling | None = None
+    """Against the one-node plan (None on one node)."""
 
     @property
     def knobs(self) -> TrainingKnobs:
@@ -188,6 +229,7 @@ class Plan:
             "training_cost": cost.as_json() if cost is not None else None,
             "baseline": self.baseline.as_json() if self.baseline else None,
             "speedup_vs_baseline": round(self.speedup_vs_baseline, 3) if self.speedup_vs_baseline else None,
+            "scaling_vs_one_node": self.scaling.as_json() if self.scaling is not None else None,
             "explanations": list(self.explanations),
             "alternatives": [alternative.as_json() for alternative in self.alternatives],
             "error_band": band_for(self.instance).as_json(),
@@ -489,6 +531,7 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
         alternatives=tuple(alternatives),
         explanations=tuple(explain(best, candidates, pins)),
         candidates=tuple(candidates),
+        scaling=scaling_vs_one_node(profile, instance, nodes, best) if nodes > 1 else None,
     )
 
 

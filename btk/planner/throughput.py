@@ -37,10 +37,19 @@ Model (per GPU, per optimizer step):
   eager and compiled runs of the same configuration.
 * **Fixed per-micro-batch cost.** Kernel launches and FSDP hooks: 40 µs per layer compiled,
   120 µs eager, per micro-batch.
-* **Communication.** FSDP all-gathers bf16 parameters (float8 block weights under
-  tensorwise scaling, as the trainer does) in forward and again in backward for every
-  micro-batch, and reduce-scatters fp32 gradients once per step; HSDP does the same
-  inside a node and all-reduces its gradient shard across nodes. Tensor parallelism runs
+* **Communication.** FSDP all-gathers each layer's bf16 parameters (float8 block weights under
+  tensorwise scaling, as the trainer does) before its forward and again before its backward,
+  and reduce-scatters its fp32 gradients after every micro-batch's backward; HSDP shards inside
+  a node and all-reduces the gradient shard across nodes, one GPU per node in each group; DDP
+  all-reduces whole gradients (:func:`layer_communication`). Inside a node NVLink carries a
+  collective (80 % of link rate); across nodes a ring through every GPU of a node shares the
+  node's EFA bandwidth at the share nccl-tests measured on P5 for that many nodes, plus a
+  latency per collective that grows with the node count (``btk.hardware.CollectiveTiming``).
+  Transfers overlap compute layer by layer, bounded by the compute they hide behind: only
+  what exceeds a layer's forward or backward waits, plus the first all-gather and the last
+  reduction; overlapped transfers still cost a fitted share of their time
+  (``communication_interference``) and every collective across nodes its latency
+  (:func:`communication_seconds_per_step`). Tensor parallelism stays inside a node and runs
   with sequence parallelism, as the trainer and torchtitan do
   (:func:`tensor_parallel_seconds_per_step`): per layer and micro-batch, 4 all-gathers and 4
   reduce-scatters of the sequence-sharded activation, the input all-gathers re-run by
@@ -48,12 +57,9 @@ Model (per GPU, per optimizer step):
   activation per collective (the sequence is not NCCL's gather dimension). The
   vocabulary-parallel embedding and the loss-parallel head add one collective each per
   micro-batch (2 beside 10 per layer: under 1 % of the TP traffic of a 32-layer model), left
-  out. The per-rank compute divides by TP, the output
-  head's included: its logits and cross-entropy are vocabulary-sharded (no rank computes
-  the full head), and the norms run on a sequence shard. Bandwidths: NVLink inside a
-  node, EFA per GPU across nodes (ring algorithms, 80 % of link rate); plain data
-  parallelism inside one node all-reduces over NVLink. 85 % of FSDP traffic
-  overlaps compute; TP traffic does not overlap.
+  out. The per-rank compute divides by TP, the output head's included: its logits and
+  cross-entropy are vocabulary-sharded (no rank computes the full head), and the norms run on
+  a sequence shard. TP traffic does not overlap.
 
 **MFU** uses torchtitan's convention (``6·N + 12·L·a·s`` FLOPs per token against the dense
 bf16 peak; torchtitan writes ``12·l·h·q·t`` with h heads of width q) so figures compare with
@@ -91,10 +97,14 @@ class ThroughputConstants:
             backward pass (and on Hopper runs slower rowwise-scaled GEMMs, which this factor
             absorbs); MXFP8 writes one e8m0 scale per 32 values in both layouts. Fitted to
             the rowwise and MXFP8 runs of the calibration set.
+        communication_interference: the share of overlapped data-parallel communication time
+            that still slows the step (NCCL kernels take SMs and HBM bandwidth from the compute
+            they overlap); fitted to the multi-node runs against their single-node twins.
     """
 
     eager_overhead_factor: float = 1.0
     gemm_half_efficiency: float = 0.0
+    communication_interference: float = 0.0
     cast_cost: dict[str, float] = field(default_factory=lambda: {"bf16": 0.0, "fp8_tensorwise": 1.0})
 
     def cast_factor(self, precision: str) -> float:
@@ -102,13 +112,13 @@ class ThroughputConstants:
 
 
 FITTED_CONSTANTS = ThroughputConstants(
-    eager_overhead_factor=1.751,
-    gemm_half_efficiency=7.013e6,
-    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.530, "mxfp8": 1.206},
+    eager_overhead_factor=1.806,
+    gemm_half_efficiency=7.077e6,
+    communication_interference=0.1047,
+    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.553, "mxfp8": 1.194},
 )
 """``benchmarks/calibrate.py``'s fit to the calibration set (``docs/calibration.md``)."""
 LINK_EFFICIENCY = 0.80
-FSDP_OVERLAP = 0.85
 LAYER_OVERHEAD_SECONDS = {True: 40e-6, False: 120e-6}
 
 
@@ -207,31 +217,138 @@ def float8_all_gather(knobs: TrainingKnobs, shard_degree: int) -> bool:
     return knobs.precision == "fp8_tensorwise" and shard_degree > 1
 
 
-def communication_seconds_per_step(
-    arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType, nodes: int
-) -> tuple[float, float]:
-    """(overlappable FSDP/HSDP seconds, non-overlapped TP seconds) per optimizer step."""
+@dataclass(frozen=True)
+class Collective:
+    """One collective's group: how many ranks, how many of them share a node, and what it costs per byte."""
+
+    ranks: int
+    ranks_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.ranks // self.ranks_per_node)
+
+    def transfer_seconds(self, instance: InstanceType, bus_bytes: float) -> float:
+        """Time to move ``bus_bytes`` per rank (nccl-tests' bus bytes: (n-1)/n of the buffer, twice for all-reduce).
+
+        Inside one node the ranks' NVLink carries it; across nodes, rings through every GPU of a
+        node share the node's network (each group gets the share of its ranks on the node) at the
+        fabric's measured bandwidth share for that many nodes (:class:`btk.hardware.CollectiveTiming`).
+        """
+        if self.ranks <= 1:
+            return 0.0
+        if self.nodes == 1:
+            return bus_bytes / (instance.gpu.nvlink_gbps_per_direction.value * 1e9 * LINK_EFFICIENCY)
+        share = instance.collectives.bandwidth_share(self.nodes)
+        node_bytes_per_second = instance.efa_gbps_per_node.value / 8 * 1e9 * share
+        return bus_bytes / (node_bytes_per_second * self.ranks_per_node / instance.gpus_per_node)
+
+    def latency_seconds(self, instance: InstanceType) -> float:
+        """The fabric's fixed time per collective across nodes (0 inside a node: NVLink's is microseconds)."""
+        return instance.collectives.latency(self.nodes) if self.ranks > 1 and self.nodes > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class LayerCommunication:
+    """FSDP/HSDP/DDP seconds per layer and micro-batch: transfers forward and backward wait for, the tail, latency."""
+
+    forward: float
+    """Parameter all-gather of the next layer, overlapping this layer's forward."""
+    backward: float
+    """All-gather again (resharded after forward), gradient reduce-scatter and the replicas' all-reduce."""
+    tail: float
+    """The last reduction of a backward pass: no compute is left to hide it."""
+    latency: float
+    """The fabric's fixed time of the layer's collectives (forward and backward) across nodes."""
+
+
+def data_parallel_collectives(
+    knobs: TrainingKnobs, instance: InstanceType, nodes: int
+) -> tuple[Collective, Collective]:
+    """(shard group, replica group) of one rank, with how many of their ranks share a node."""
     par = parallelism_for(knobs, instance.gpus_per_node, nodes)
-    tp = par.tensor_parallel
-    params_local = arch.parameter_count / tp
-    nvlink = instance.gpu.nvlink_gbps_per_direction.value * 1e9 * LINK_EFFICIENCY
-    efa_per_gpu = instance.efa_gbps_per_node.value / 8 * 1e9 / instance.gpus_per_node * LINK_EFFICIENCY
-    shard = par.shard_degree
-    within_node = shard * tp <= instance.gpus_per_node
-    shard_bandwidth = nvlink if within_node else efa_per_gpu
-    ring = (shard - 1) / shard if shard > 1 else 0.0
-    micro_batches = knobs.gradient_accumulation_steps
-    # The trainer all-gathers float8 block weights under tensorwise scaling (one byte each).
-    linear_local = arch.num_layers * sum(i * o for i, o in _linear_shapes(arch)) / tp
-    gather_bytes = 2.0 * params_local - (linear_local if float8_all_gather(knobs, shard) else 0.0)
-    all_gather = 2 * micro_batches * gather_bytes * ring / shard_bandwidth
-    reduce_scatter = 4.0 * params_local * ring / shard_bandwidth
-    fsdp = all_gather + reduce_scatter
-    replicas = par.data_parallel // shard
-    if replicas > 1:  # HSDP / DDP gradient all-reduce across replicas
-        replica_bandwidth = nvlink if par.world_size <= instance.gpus_per_node else efa_per_gpu
-        fsdp += 2.0 * 4.0 * params_local / shard * (replicas - 1) / replicas / replica_bandwidth
-    return fsdp, tensor_parallel_seconds_per_step(arch, knobs, instance)
+    per_node = max(1, instance.gpus_per_node // par.tensor_parallel)  # data-parallel ranks of one TP rank per node
+    shard = Collective(par.shard_degree, min(par.shard_degree, per_node))
+    replicas = par.data_parallel // par.shard_degree
+    # a replica group takes one rank from each shard group: within a node when the shard group is
+    # smaller than the node's ranks (no_shard), else one rank per node
+    replica = Collective(replicas, max(1, min(replicas, per_node // shard.ranks_per_node)))
+    return shard, replica
+
+
+def layer_communication(
+    arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType, nodes: int
+) -> LayerCommunication:
+    """Data-parallel communication per layer and micro-batch (the whole model's parameters split evenly by layer).
+
+    FSDP2, as the trainer runs it, all-gathers a layer's bf16 parameters (float8 block weights
+    under tensorwise scaling) before its forward and again before its backward, and
+    reduce-scatters its fp32 gradients after every micro-batch's backward (gradient sync is
+    not skipped while accumulating); HSDP then all-reduces the gradient shard across the
+    replicas, and DDP all-reduces whole gradients.
+    """
+    shard, replica = data_parallel_collectives(knobs, instance, nodes)
+    tp = knobs.tensor_parallel
+    layer_params = arch.parameter_count / arch.num_layers / tp
+    layer_linear = sum(i * o for i, o in _linear_shapes(arch)) / tp
+    gathered = 2.0 * layer_params - (layer_linear if float8_all_gather(knobs, shard.ranks) else 0.0)
+    ring = (shard.ranks - 1) / shard.ranks
+    all_gather = shard.transfer_seconds(instance, gathered * ring)
+    reduce_scatter = shard.transfer_seconds(instance, 4.0 * layer_params * ring)
+    replicas = replica.ranks
+    all_reduce = replica.transfer_seconds(instance, 2.0 * 4.0 * layer_params / shard.ranks * (replicas - 1) / replicas)
+    return LayerCommunication(
+        forward=all_gather,
+        backward=all_gather + reduce_scatter + all_reduce,
+        tail=reduce_scatter + all_reduce,
+        latency=3 * shard.latency_seconds(instance) + replica.latency_seconds(instance),
+    )
+
+
+def communication_seconds_per_step(
+    arch: ModelArchitecture,
+    knobs: TrainingKnobs,
+    instance: InstanceType,
+    nodes: int,
+    compute_per_micro_batch: float,
+    constants: ThroughputConstants = FITTED_CONSTANTS,
+) -> tuple[float, float]:
+    """(data-parallel seconds the step waits for, non-overlapped TP seconds) per optimizer step.
+
+    Transfers overlap compute, bounded by the compute they hide behind, layer by layer: a
+    layer's forward all-gather runs during the previous layer's forward, its backward
+    collectives during the next layer's backward; only what exceeds that compute waits, plus
+    the first all-gather and the last reduction. Overlapped transfers are not free either:
+    NCCL's kernels take SMs and HBM bandwidth from the compute they run beside, which costs
+    ``ThroughputConstants.communication_interference`` of their time. A collective across
+    nodes also synchronises every rank of its group: its fixed latency
+    (:meth:`btk.hardware.CollectiveTiming.latency`, growing with the node count) is waited for.
+    """
+    comm = layer_communication(arch, knobs, instance, nodes)
+    layers = arch.num_layers
+    forward_share = forward_flops_share(arch, knobs)
+    forward_layer = compute_per_micro_batch * forward_share / layers
+    backward_layer = compute_per_micro_batch * (1 - forward_share) / layers
+    exposed = (
+        comm.forward
+        + (layers - 1) * max(0.0, comm.forward - forward_layer)
+        + (layers - 1) * max(0.0, comm.backward - backward_layer)
+        + comm.tail
+    )
+    total = layers * (comm.forward + comm.backward)
+    overlapped = max(0.0, total - exposed)
+    per_micro_batch = exposed + constants.communication_interference * overlapped + layers * comm.latency
+    data_parallel = per_micro_batch * knobs.gradient_accumulation_steps
+    return data_parallel, tensor_parallel_seconds_per_step(arch, knobs, instance)
+
+
+def forward_flops_share(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """The forward pass's share of a micro-batch's FLOPs (recompute runs in the backward pass)."""
+    linear = sum(i * o for i, o in _linear_shapes(arch)) * arch.num_layers + arch.vocab_size * arch.hidden_size
+    attention = arch.num_layers * arch.attention_width * knobs.seq_len
+    recompute_linear, recompute_attention = recompute_flops_per_token(arch, knobs)
+    forward = 2.0 * (linear + attention)
+    return forward / (3.0 * forward + recompute_linear + recompute_attention)
 
 
 def sequence_parallel_collectives(knobs: TrainingKnobs) -> tuple[int, int]:
@@ -290,8 +407,10 @@ def estimate_throughput(
     tokens_per_group_step = knobs.micro_batch_size * knobs.seq_len * micro_batches  # one TP group
     compute = compute_seconds_per_token(arch, knobs, instance, constants) * tokens_per_group_step
     fixed = LAYER_OVERHEAD_SECONDS[knobs.compile] * arch.num_layers * micro_batches
-    fsdp, tp_seconds = communication_seconds_per_step(arch, knobs, instance, nodes)
-    exposed = max(0.0, fsdp - FSDP_OVERLAP * compute) + tp_seconds
+    data_parallel, tp_seconds = communication_seconds_per_step(
+        arch, knobs, instance, nodes, compute / micro_batches, constants
+    )
+    exposed = data_parallel + tp_seconds
     step = compute + fixed + exposed
     tokens_per_second_per_gpu = tokens_per_group_step / knobs.tensor_parallel / step
     flops = model_flops_per_token(arch, knobs.seq_len) * tokens_per_second_per_gpu
