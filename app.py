@@ -137,6 +137,10 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     from stacks.ci_access_stack import add_ci_access_stack
 
     add_ci_access_stack(app, list(all_environments().values()), context)
+    # The environment's scoped CDK bootstrap is added only with `-c bootstrap=<env>`: docs/ci.md.
+    from stacks.bootstrap_stack import add_bootstrap_stack
+
+    add_bootstrap_stack(app, list(all_environments().values()), context)
     apply_nag(app)
     return app
 

@@ -8,11 +8,13 @@ attributes ``network``, ``data_stage``, ``image``, ``execution_role`` and ``env_
 from __future__ import annotations
 
 from aws_cdk import CfnOutput, Environment, Stack, Tags
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
 from btk.planner.search import plan_environment
+from stacks.bootstrap_stack import boundary_name
 from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps, datasets_bucket_name
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
@@ -45,6 +47,12 @@ class TrainingStack(Stack):
         self.env_config = env_config
         for key, value in sorted(env_config.tags.items()):
             Tags.of(self).add(key, value)
+        # Every role of the environment carries its bootstrap's permissions boundary
+        # (stacks/bootstrap_stack.py): the boundary refuses to create a role without it, and keeps
+        # each role off other environments' resources.
+        iam.PermissionsBoundary.of(self).apply(
+            iam.ManagedPolicy.from_managed_policy_name(self, "PermissionsBoundary", boundary_name(env_config))
+        )
         removal_policy = data_removal_policy(env_config.retain_data)
         log_retention = RETENTION_DAYS[env_config.log_retention_days]
 

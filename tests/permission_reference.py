@@ -17,7 +17,7 @@ on a job's behalf, listed from AWS's documentation page named beside them. Two r
 
 Run it to see, per role, the calls it covers::
 
-    .venv/bin/python tests/infra/permission_reference.py [ENV ...]
+    .venv/bin/python tests/permission_reference.py [ENV ...]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 for path in (REPO, REPO / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
@@ -227,7 +227,10 @@ class Caller:
 
 
 def template_principal(
-    template: dict[str, Any], role_id: str, extra: Mapping[tuple[str, str | None], str]
+    template: dict[str, Any],
+    role_id: str,
+    extra: Mapping[tuple[str, str | None], str],
+    boundary: Sequence[Mapping[str, Any]] | None = None,
 ) -> Principal:
     """The statements of every policy attached to ``role_id`` in ``template``, resolved with fake values."""
     role = template["Resources"][role_id]["Properties"]
@@ -239,10 +242,9 @@ def template_principal(
         if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in resource["Properties"].get("Roles", []):
             statements.extend(resource["Properties"]["PolicyDocument"]["Statement"])
     resolved = cfn_fakes.resolve(template, statements, extra)
-    boundary = None
-    if "PermissionsBoundary" in role:
-        raise AssertionError(f"{role_id}: resolve its permissions boundary here")
-    return Principal(statements=resolved, boundary=boundary, name=role_id)
+    if "PermissionsBoundary" in role and boundary is None:
+        raise AssertionError(f"{role_id} has a permissions boundary: pass its statements")
+    return Principal(statements=resolved, boundary=boundary if "PermissionsBoundary" in role else None, name=role_id)
 
 
 def documented_principal(markdown: Path, sid: str) -> Principal:
@@ -272,7 +274,18 @@ def sagemaker_arn(kind: str, name: str) -> str:
     return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{kind}/{name}"
 
 
-def plan_handler_callers(template: dict[str, Any], env: Any) -> list[Caller]:
+def boundary_statements(bootstrap_template: dict[str, Any]) -> list[dict[str, Any]]:
+    """The permissions boundary of an environment's bootstrap (stacks/bootstrap_stack.py), resolved."""
+    (policy,) = [r for r in bootstrap_template["Resources"].values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
+    statements: list[dict[str, Any]] = cfn_fakes.resolve(bootstrap_template, policy["Properties"]["PolicyDocument"])[
+        "Statement"
+    ]
+    return statements
+
+
+def plan_handler_callers(
+    template: dict[str, Any], env: Any, boundary: Sequence[Mapping[str, Any]] | None = None
+) -> list[Caller]:
     """The training-plan custom resource's roles, by mode, with the operations their code makes."""
     mode = env.capacity.mode
     if mode == "on_demand":
@@ -298,7 +311,7 @@ def plan_handler_callers(template: dict[str, Any], env: Any) -> list[Caller]:
     callers = [
         Caller(
             f"training-plan onEvent ({mode})",
-            template_principal(template, _role_id(template, "TrainingPlanHandlerRole"), extra),
+            template_principal(template, _role_id(template, "TrainingPlanHandlerRole"), extra, boundary),
             calls(on_event, "training_constructs/lambda/training_plan/index.py: handle"),
         )
     ]
@@ -306,7 +319,7 @@ def plan_handler_callers(template: dict[str, Any], env: Any) -> list[Caller]:
         callers.append(
             Caller(
                 "training-plan isComplete",
-                template_principal(template, _role_id(template, "TrainingPlanCompletionRole"), extra),
+                template_principal(template, _role_id(template, "TrainingPlanCompletionRole"), extra, boundary),
                 calls(completion, "training_constructs/lambda/training_plan/index.py: check_complete"),
             )
         )
@@ -321,7 +334,9 @@ PIPELINE_STEP_CALLS = {
 }
 
 
-def pipeline_callers(template: dict[str, Any], env: Any, plan_arn: str | None) -> list[Caller]:
+def pipeline_callers(
+    template: dict[str, Any], env: Any, plan_arn: str | None, boundary: Sequence[Mapping[str, Any]] | None = None
+) -> list[Caller]:
     """The pipeline role: SageMaker Pipelines' calls for each step type of the synthesized definitions."""
     from btk.naming import TAG_ENVIRONMENT, job_name_prefix
 
@@ -351,7 +366,8 @@ def pipeline_callers(template: dict[str, Any], env: Any, plan_arn: str | None) -
                               {f"aws:ResourceTag/{TAG_ENVIRONMENT}": env.name}, source="Pipelines: stop"))
     calls.append(Call("kms:CreateGrant", {"key": key}, {"kms:GrantIsForAWSResource": "true"},
                       source="SageMaker: volume encryption for the job"))
-    return [Caller("pipeline role (SageMaker Pipelines)", template_principal(template, role_id, extra), calls)]
+    principal = template_principal(template, role_id, extra, boundary)
+    return [Caller("pipeline role (SageMaker Pipelines)", principal, calls)]
 
 
 def _step_types(template: dict[str, Any], extra: Mapping[tuple[str, str | None], str]) -> set[str]:
@@ -445,7 +461,7 @@ def coverage(callers: Iterable[Caller]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Synthesize each environment (and a reserve-mode variant), check every caller, print coverage."""
-    from reserve_variant import reserve_environment, synthesize_environment
+    from reserve_variant import reserve_environment, synthesize_bootstrap, synthesize_environment
 
     import environments
 
@@ -456,8 +472,9 @@ def main(argv: Sequence[str]) -> int:
     configs.append(reserve_environment(configs[-1], datetime(2027, 1, 4, tzinfo=UTC)))
     for env in configs:
         template = synthesize_environment(env)
+        boundary = boundary_statements(synthesize_bootstrap(env, environments.ENVIRONMENTS))
         plan = _plan_arn(env)
-        found = [*plan_handler_callers(template, env), *pipeline_callers(template, env, plan)]
+        found = [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan, boundary)]
         callers.extend(found)
     callers.extend(cli_callers())
     for caller in callers:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,26 @@ def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -
     app = App(outdir=str(out))
     apply_nag(app)
     stack = TrainingStack(app, "TrainingStack", env_config=env)
+    app.synth()
+    template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
+    return template
+
+
+def synthesize_bootstrap(env: EnvironmentConfig, environments: Sequence[EnvironmentConfig]) -> dict[str, Any]:
+    """``env``'s scoped bootstrap (stacks/bootstrap_stack.py) with cdk-nag; its neighbours are the
+    other ``environments`` of its account (``env`` itself may be a variant of one of them)."""
+    from aws_cdk import App
+
+    from stacks.bootstrap_stack import EnvironmentBootstrapProps, EnvironmentBootstrapStack
+    from training_constructs.nag import apply_nag
+
+    out = Path(tempfile.mkdtemp(prefix=f"btk-bootstrap-{env.name}-"))
+    app = App(outdir=str(out))
+    apply_nag(app)
+    neighbours = [other for other in environments if other.name != env.name and other.account == env.account]
+    stack = EnvironmentBootstrapStack(
+        app, f"BtkBootstrap-{env.name}", props=EnvironmentBootstrapProps(environment=env, neighbours=neighbours)
+    )
     app.synth()
     template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
     return template

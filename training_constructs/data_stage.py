@@ -375,9 +375,11 @@ class DataStage(Construct):
         )
         association.apply_removal_policy(RemovalPolicy.DESTROY)
         # The file system checks at creation that its security group admits Lustre traffic, and
-        # must be gone before those rules are: depending on the whole group (its rule resources
-        # included) orders both.
-        file_system.node.add_dependency(props.security_group)
+        # must be gone before those rules are: it depends on each rule the group holds as a
+        # resource of its own (rules naming the group itself are not inline).
+        for child in props.security_group.node.find_all():
+            if isinstance(child, ec2.CfnSecurityGroupIngress | ec2.CfnSecurityGroupEgress):
+                file_system.node.add_dependency(child)
         return FileSystemLocation(file_system.file_system_id, file_system.mount_name, config.fsx_directory)
 
     # -- grants ---------------------------------------------------------------------------

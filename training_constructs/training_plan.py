@@ -451,6 +451,12 @@ class TrainingPlanReservation(Construct):
             "Step Functions log delivery (logs:CreateLogDelivery, GetLogDelivery, ListLogDeliveries, "
             "PutResourcePolicy, DescribeLogGroups ...) accepts only '*'; the CDK grants it for the waiter's logs",
         )
+        machine_policy = machine_role.node.find_child("DefaultPolicy").node.default_child
+        machine_policy.add_metadata(  # type: ignore[union-attr]
+            "checkov",
+            {"skip": [{"id": "CKV_AWS_111", "comment": "Step Functions log delivery APIs accept only '*'; the CDK "
+                       "grants them to the waiter for its own log group"}]},
+        )
         acknowledge(
             state_machine,
             "AwsSolutions-SF2",

@@ -1,4 +1,4 @@
-"""Every role's calls against AWS's Service Authorization Reference (tests/infra/permission_reference.py)."""
+"""Every role's calls against AWS's Service Authorization Reference (tests/permission_reference.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from iam_evaluation import Principal, glob_overlaps
 from permission_reference import (
     Call,
     Caller,
+    boundary_statements,
     cli_callers,
     coverage,
     missing,
@@ -20,7 +21,7 @@ from permission_reference import (
     requests,
     sagemaker_arn,
 )
-from reserve_variant import reserve_environment, synthesize_environment
+from reserve_variant import reserve_environment, synthesize_bootstrap, synthesize_environment
 from stack_synth import Synth
 
 import environments
@@ -43,7 +44,9 @@ def plan_arn(env: Any) -> str | None:
 
 
 def callers_of(env: Any, template: dict[str, Any]) -> list[Caller]:
-    return [*plan_handler_callers(template, env), *pipeline_callers(template, env, plan_arn(env))]
+    """The environment's roles, each capped by its bootstrap's permissions boundary."""
+    boundary = boundary_statements(synthesize_bootstrap(env, environments.ENVIRONMENTS))
+    return [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan_arn(env), boundary)]
 
 
 def test_every_environments_roles_allow_their_calls_and_nothing_pointless(synth: Synth) -> None:
