@@ -25,9 +25,9 @@ import json
 import types
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from btk.errors import BtkError, one_line
+from btk.errors import BtkError, FieldError, one_line
 from btk.jsonfile import parse_json
 from btk.knobs import KNOB_FIELDS, TrainingKnobs, encode_value, knobs_from_hyperparameters, knobs_to_hyperparameters
 from btk.profile import PROFILE_NAME_PATTERN, ModelArchitecture, TrainingIntent
@@ -81,6 +81,16 @@ class JobHyperparameters(BaseModel):
     architecture: ModelArchitecture
     training: TrainingIntent
     job: JobSettings
+
+    @model_validator(mode="after")
+    def _sequences_fit_the_model(self) -> JobHyperparameters:
+        if self.knobs.seq_len > self.architecture.max_context:
+            raise FieldError(
+                "seq_len",
+                f"seq_len ({self.knobs.seq_len}) exceeds arch.max_context ({self.architecture.max_context}): "
+                "RoPE positions past the model's context were never trained; lower seq_len",
+            )
+        return self
 
 
 _SECTIONS: dict[str, str] = {"arch.": "architecture", "train.": "training", "job.": "job"}

@@ -81,16 +81,34 @@ HF_LAYOUTS: dict[tuple[str, str, bool, bool], str] = {
 Exported checkpoints use it, so a profile can only describe a layout one of these implements."""
 
 
+MAX_ROPE_THETA = 1e9
+MAX_ROPE_SCALING_FACTOR = 1024.0
+MAX_GRAD_NORM = 1e4
+
+
 class RopeScaling(BaseModel):
     """Llama 3.1-style RoPE frequency scaling (``rope_type: llama3`` in Hugging Face)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rope_type: Literal["llama3"] = "llama3"
-    factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
-    original_max_position_embeddings: int = Field(gt=0)
+    # Llama 3.1: factor 8, 1 and 4 (3.2: factor 32). A factor below 1 would shrink the context,
+    # and a vanishing one sends the scaled frequencies to infinity (NaN from the first step).
+    factor: float = Field(ge=1, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    low_freq_factor: float = Field(gt=0, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    high_freq_factor: float = Field(gt=0, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    original_max_position_embeddings: int = Field(ge=16, le=1_048_576)
+
+    @model_validator(mode="after")
+    def _band_is_ordered(self) -> RopeScaling:
+        # The smoothing between the two wavelength bounds divides by (high - low).
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise FieldError(
+                "high_freq_factor",
+                f"rope_scaling.high_freq_factor ({self.high_freq_factor:g}) must be above low_freq_factor "
+                f"({self.low_freq_factor:g}); Llama 3.1 uses 4 and 1",
+            )
+        return self
 
 
 class ModelArchitecture(BaseModel):
@@ -117,9 +135,11 @@ class ModelArchitecture(BaseModel):
     tied_embeddings: bool = False
     max_context: int = Field(ge=16, le=1_048_576)
     attention_bias: bool = Field(default=False, description="biases on the q, k and v projections")
-    rope_theta: float = Field(default=500000.0, gt=0)
+    # RoPE base: 1e4 (Llama 2) to 1e6 (Qwen2.5/3, Mistral NeMo) in published models. At or below
+    # 1 every frequency is at least 1 radian per token; unbounded, the frequencies underflow to 0.
+    rope_theta: float = Field(default=500000.0, gt=1, le=MAX_ROPE_THETA, allow_inf_nan=False)
     rope_scaling: RopeScaling | None = None
-    rms_norm_eps: float = Field(default=1e-5, gt=0, lt=1)
+    rms_norm_eps: float = Field(default=1e-5, gt=0, le=1e-2, allow_inf_nan=False)
     head_dim: int | None = Field(
         default=None,
         ge=2,
@@ -279,11 +299,12 @@ class TrainingIntent(BaseModel):
         ge=16, le=MAX_GLOBAL_BATCH_TOKENS, description="target tokens per optimizer step"
     )
     total_tokens: int | None = Field(default=None, ge=1, description="training budget in tokens")
-    learning_rate: float = Field(default=3e-4, gt=0, lt=1)
-    min_learning_rate_ratio: float = Field(default=0.1, ge=0, le=1)
+    learning_rate: float = Field(default=3e-4, gt=0, lt=1, allow_inf_nan=False)
+    min_learning_rate_ratio: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
     warmup_steps: int = Field(default=200, ge=0)
-    weight_decay: float = Field(default=0.1, ge=0, lt=1)
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
+    # Clipping at 1.0 is the rule for LLM pre-training; a bound in the thousands never clips.
+    max_grad_norm: float = Field(default=1.0, gt=0, le=MAX_GRAD_NORM, allow_inf_nan=False)
 
 
 class KnobPins(BaseModel):

@@ -66,6 +66,7 @@ def test_knobs_round_trip_through_string_hyperparameters(knobs: TrainingKnobs) -
 @given(knobs_strategy, st.sampled_from(sorted(all_profiles())), st.integers(0, 2**31))
 def test_job_hyperparameters_round_trip(knobs: TrainingKnobs, profile_name: str, seed: int) -> None:
     profile = all_profiles()[profile_name]
+    knobs = knobs.model_copy(update={"seq_len": min(knobs.seq_len, profile.architecture.max_context)})
     spec = JobHyperparameters(
         knobs=knobs,
         architecture=profile.architecture,

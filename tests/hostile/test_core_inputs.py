@@ -145,3 +145,40 @@ def test_hyperparameters_file_round_trips_through_json(tmp_path: Path) -> None:
     path = tmp_path / "hyperparameters.json"
     path.write_text(json.dumps(to_hyperparameters(spec)))
     assert from_hyperparameters(read_json_file(path)) == spec
+
+
+SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize(("key", "value", "field"), [
+    ("arch.rope_theta", "inf", "arch.rope_theta"),          # 7 of 8 RoPE frequencies become 0: positions vanish
+    ("arch.rope_theta", "1e30", "arch.rope_theta"),
+    ("arch.rope_theta", "1.0", "arch.rope_theta"),          # every frequency 1 rad/token or more
+    ("arch.rope_theta", "nan", "arch.rope_theta"),
+    ("arch.rms_norm_eps", "inf", "arch.rms_norm_eps"),
+    ("arch.rms_norm_eps", "0.5", "arch.rms_norm_eps"),
+    ("arch.rope_scaling", json.dumps({**SCALING, "factor": 1e-300}), "arch.rope_scaling.factor"),  # NaN at step 1
+    ("arch.rope_scaling", json.dumps({**SCALING, "factor": float("inf")}), "arch.rope_scaling.factor"),
+    ("arch.rope_scaling", json.dumps({**SCALING, "low_freq_factor": 4.0}), "arch.rope_scaling.high_freq_factor"),
+    ("train.max_grad_norm", "inf", "train.max_grad_norm"),
+    ("train.max_grad_norm", "1e300", "train.max_grad_norm"),
+    ("train.learning_rate", "nan", "train.learning_rate"),
+    ("train.weight_decay", "-inf", "train.weight_decay"),
+    ("seq_len", "512", "seq_len"),                          # beyond the architecture's max_context (256)
+])
+def test_non_finite_or_absurd_training_floats_are_one_line_naming_the_key(key: str, value: str, field: str) -> None:
+    hyperparameters = {**to_hyperparameters(_spec()), key: value}
+    if key == "seq_len":
+        hyperparameters["train.seq_len"] = "64"
+    with pytest.raises(BtkError) as raised:
+        from_hyperparameters(hyperparameters)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"invalid hyperparameters: {field}: "), message
+
+
+def test_published_rope_settings_stay_valid() -> None:
+    """Llama 3.1/3.2's scaling and the bases of every shipped and fixture family still load."""
+    for theta in (1e4, 5e5, 1e6):
+        ModelArchitecture.model_validate({**ARCH.model_dump(), "rope_theta": theta})
+    llama32 = {**SCALING, "factor": 32.0, "original_max_position_embeddings": 8192}
+    assert ModelArchitecture.model_validate({**ARCH.model_dump(), "rope_scaling": llama32}).rope_scaling is not None
