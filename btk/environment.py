@@ -194,6 +194,13 @@ class ExistingPlanCapacity(BaseModel):
         return value
 
 
+#: A fee ceiling above a trillion is no ceiling; below 1e16 a float also prints in plain digits
+#: (``repr(1e16)`` is ``'1e+16'``, which the purchase guard's decimal field would refuse).
+MAX_UPFRONT_FEE = 1e12
+#: Training plans launched in 2024; a date outside these years is a typo, not a plan.
+MIN_PLAN_YEAR, MAX_PLAN_YEAR = 2024, 2100
+
+
 class ReservePlanCapacity(BaseModel):
     """Buy a training plan at deploy time, only with explicit approval and a fee ceiling."""
 
@@ -211,7 +218,11 @@ class ReservePlanCapacity(BaseModel):
     duration_hours: int = Field(ge=24)
     instance_count: int
     max_upfront_fee: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="ceiling in the offering's currency (a finite number)"
+        default=None,
+        gt=0,
+        le=MAX_UPFRONT_FEE,
+        allow_inf_nan=False,
+        description="ceiling in the offering's currency (a finite number up to 1e12)",
     )
     purchase_approved: bool = False
 
@@ -222,6 +233,14 @@ class ReservePlanCapacity(BaseModel):
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError(f"{value.isoformat()} is outside the dates a training plan can start or end") from None
+        if not MIN_PLAN_YEAR <= value.year <= MAX_PLAN_YEAR:
+            raise ValueError(
+                f"{value.isoformat()} is outside {MIN_PLAN_YEAR}-{MAX_PLAN_YEAR}: write the plan's real dates"
+            )
         if value.second or value.microsecond:
             raise ValueError(
                 f"{value.isoformat()} is not a fixed date (it has seconds): write a fixed date such as "

@@ -185,3 +185,27 @@ def test_model_level_rules_name_their_field_not_the_root() -> None:
     with pytest.raises(ValidationError) as caught:
         _env(capacity={**RESERVE, "instance_count": 3})
     assert one_line(caught.value, root=EnvironmentConfig).startswith("capacity.instance_count: instance_count 3")
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T02:00:00+05:00", "9999-12-31T23:00:00-05:00", "1970-01-01T00:00:00Z",
+                                  "2300-01-01T00:00:00Z"])
+def test_a_plan_window_outside_real_dates_is_one_line(when: str) -> None:
+    """Year 1 shifted to UTC overflowed (OverflowError in btk capacity); 1970 or 2300 is a typo, not a plan."""
+    with pytest.raises(ValidationError) as caught:
+        ReservePlanCapacity.model_validate({**RESERVE, "start_after": when})
+    assert caught.value.errors()[0]["loc"] == ("start_after",)
+    assert one_line(caught.value, root=EnvironmentConfig).startswith("capacity.start_after: ")
+
+
+def test_a_window_in_another_time_zone_is_kept_as_the_same_instant() -> None:
+    reserve = ReservePlanCapacity.model_validate({**RESERVE, "start_after": "2027-01-04T05:00:00+05:00"})
+    assert reserve.start_after == datetime(2027, 1, 4, tzinfo=UTC) and reserve.start_after.tzinfo == UTC
+
+
+@pytest.mark.parametrize("fee", [1e16, 2e12])
+def test_the_fee_ceiling_is_a_real_amount(fee: float) -> None:
+    """1e16 was accepted and then refused on every deploy: the construct wrote it as '1e+16'."""
+    with pytest.raises(ValidationError) as caught:
+        ReservePlanCapacity.model_validate({**RESERVE, "max_upfront_fee": fee})
+    assert caught.value.errors()[0]["loc"] == ("max_upfront_fee",)
+    assert "e+" not in repr(ReservePlanCapacity.model_validate({**RESERVE, "max_upfront_fee": 1e12}).max_upfront_fee)
