@@ -20,7 +20,9 @@ Two training steps, because ``CreateTrainingJob`` rejects an empty ``TrainingPla
 Pipeline parameters: ``InstanceCount`` (Integer), ``TrainingPlanArn`` (String, "" =
 on-demand), ``MaxRuntimeSeconds`` (Integer), ``TotalTokens`` (String, the
 ``train.total_tokens`` hyperparameter; "" = the trainer derives it from ``job.max_steps``),
-and ``MaxWaitSeconds`` (Integer) in managed-spot environments.
+``MaxPendingSeconds`` (Integer, ``StoppingCondition.MaxPendingTimeInSeconds`` of the plan branch:
+how long a job may wait for its plan's capacity), and ``MaxWaitSeconds`` (Integer) in
+managed-spot environments.
 
 Where the SDK cannot say a field, the compiled definition is post-processed, and only there
 (:func:`_fill_sdk_gaps`; tested):
@@ -70,6 +72,9 @@ PARAM_TRAINING_PLAN_ARN = "TrainingPlanArn"
 PARAM_MAX_RUNTIME_SECONDS = "MaxRuntimeSeconds"
 PARAM_MAX_WAIT_SECONDS = "MaxWaitSeconds"
 PARAM_TOTAL_TOKENS = "TotalTokens"
+PARAM_MAX_PENDING_SECONDS = "MaxPendingSeconds"
+#: SageMaker's bounds of ``StoppingCondition.MaxPendingTimeInSeconds`` (botocore's service model).
+MAX_PENDING_BOUNDS = (1800, 2_419_200)
 
 STEP_TOKENIZE = "Tokenize"
 STEP_CHECK_PLAN = "CheckTrainingPlan"
@@ -97,6 +102,13 @@ NCCL_ENVIRONMENT: dict[str, str] = {
     # Fewer fragmentation OOMs with varying activation shapes.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
+
+def max_pending_seconds(environment: EnvironmentConfig) -> int:
+    """Default of ``MaxPendingSeconds``: a job may wait for its plan's capacity as long as it may run
+    (``max_runtime_seconds``), within SageMaker's bounds (:data:`MAX_PENDING_BOUNDS`)."""
+    low, high = MAX_PENDING_BOUNDS
+    return max(low, min(high, environment.max_runtime_seconds))
+
 
 def job_environment(instance_type: str) -> dict[str, str]:
     """The training job's environment: :data:`NCCL_ENVIRONMENT` plus the catalog's network
@@ -393,6 +405,7 @@ class _Builder:
         self.training_plan_arn = ParameterString(name=PARAM_TRAINING_PLAN_ARN, default_value=spec.training_plan_arn)
         self.max_runtime = ParameterInteger(name=PARAM_MAX_RUNTIME_SECONDS, default_value=env.max_runtime_seconds)
         self.max_wait = ParameterInteger(name=PARAM_MAX_WAIT_SECONDS, default_value=env.max_wait_seconds)
+        self.max_pending = ParameterInteger(name=PARAM_MAX_PENDING_SECONDS, default_value=max_pending_seconds(env))
         hyperparameters = training_hyperparameters(
             spec.profile, spec.knobs, planned_data_parallel=planned_data_parallel(env, spec.knobs)
         )
@@ -404,7 +417,7 @@ class _Builder:
 
     @property
     def parameters(self) -> list[Any]:
-        params = [self.instance_count, self.training_plan_arn, self.max_runtime, self.total_tokens]
+        params = [self.instance_count, self.training_plan_arn, self.max_runtime, self.total_tokens, self.max_pending]
         if self.spec.environment.managed_spot:
             params.append(self.max_wait)
         return params
@@ -661,5 +674,9 @@ def _fill_sdk_gaps(definition: dict[str, Any], spec: PipelineSpec, job_prefix: s
             stopping["MaxRuntimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_RUNTIME_SECONDS}"}
             if arguments.get("EnableManagedSpotTraining"):
                 stopping["MaxWaitTimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
+            if "TrainingPlanArn" in arguments.get("ResourceConfig", {}):
+                # A job on a plan is Pending until the plan's capacity is there; it stops after this
+                # instead of queueing on a plan that will not start (expired, or held by other jobs).
+                stopping["MaxPendingTimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_PENDING_SECONDS}"}
         elif step["Type"] == "Processing":
             arguments["ProcessingJobName"] = _tokenize_job_name(job_prefix)

@@ -28,6 +28,7 @@ from btk.planner.search import plan_profile
 from btk.units import SECONDS_PER_HOUR
 from training_constructs.pipeline_definition import (
     PARAM_INSTANCE_COUNT,
+    PARAM_MAX_PENDING_SECONDS,
     PARAM_MAX_RUNTIME_SECONDS,
     PARAM_MAX_WAIT_SECONDS,
     PARAM_TOTAL_TOKENS,
@@ -213,6 +214,21 @@ def test_spot_env_sets_max_wait_parameter(dev_spot: dict[str, Any]) -> None:
         assert arguments["StoppingCondition"]["MaxWaitTimeInSeconds"] == {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
         defaults = fx.sample_parameters(definition)
         assert defaults[PARAM_MAX_WAIT_SECONDS] >= defaults[PARAM_MAX_RUNTIME_SECONDS]
+
+
+def test_plan_branch_jobs_stop_waiting_for_capacity_in_sagemakers_bounds(dev_prepared: dict[str, Any]) -> None:
+    """A job on a plan is Pending until the plan's capacity is there: it carries MaxPendingTimeInSeconds
+    (botocore: 1800 to 2419200 s), from a parameter; the on-demand branch has no plan to wait for."""
+    model = botocore.session.get_session().get_service_model("sagemaker").shape_for("StoppingCondition")
+    bounds = model.members["MaxPendingTimeInSeconds"].metadata
+    for definition in fx.pipelines(dev_prepared).values():
+        steps = fx.all_steps(definition)
+        on_plan = steps[STEP_TRAIN_ON_PLAN]["Arguments"]["StoppingCondition"]
+        assert on_plan["MaxPendingTimeInSeconds"] == {"Get": f"Parameters.{PARAM_MAX_PENDING_SECONDS}"}
+        assert "MaxPendingTimeInSeconds" not in steps[STEP_TRAIN]["Arguments"]["StoppingCondition"]
+        default = fx.sample_parameters(definition)[PARAM_MAX_PENDING_SECONDS]
+        assert bounds["min"] <= default <= bounds["max"]
+        assert default == min(bounds["max"], max(bounds["min"], DEV.max_runtime_seconds))
 
 
 def test_spot_wait_is_the_environments_longest_job(dev_spot: dict[str, Any]) -> None:
