@@ -193,7 +193,8 @@ def predict_allocated_gib(point: CalibrationPoint) -> float:
     """Peak allocated memory as the memory model predicts it (the model itself has no fitted constant)."""
     arch = MEASURED_ARCHITECTURE
     system = point.system
-    return estimate_memory(arch, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib).total
+    return estimate_memory(arch, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib,
+                           whole_logits=True).total  # the published runs held their logits whole
 
 
 def predict_memory_gib(point: CalibrationPoint, default_allocator_reserve: float) -> float:

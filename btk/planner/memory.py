@@ -29,9 +29,10 @@ The model sums, at the step's peak phase:
   inputs and outputs between the blocks are sharded along the sequence by TP too.
   K and V enter attention with their ``kv`` heads (SDPA ``enable_gqa``): no copy repeated to
   the query heads is saved (that copy would add ``2·(h − kv)`` elements per token per layer).
-* **logits** — with a fused/compiled cross-entropy the bf16 logits and their gradient
-  (4 B/vocab entry/token); the eager fp32 ``cross_entropy(logits.float())`` of older scripts
-  peaks at bf16 logits + fp32 copy + fp32 log-softmax + fp32 gradient (14 B). Divided by TP:
+* **logits** — the trainer's chunked cross-entropy (:mod:`btk.loss_chunks`): one chunk's logits
+  at their peak (fused/compiled: bf16 logits and their gradient, 4 B/vocab entry/token; eager:
+  + fp32 copy, softmax and a log-sum-exp temporary, 14 B), the head weight's gradient (fp32
+  accumulator + bf16 result) and the hidden states' bf16 gradient. Vocabulary terms divided by TP:
   the head is column-parallel with cross-entropy under ``loss_parallel()``, so each rank
   holds only its vocabulary shard of the logits.
 * **other** — FSDP parameters gathered in flight (output head + one block in bf16 at the loss;
@@ -48,6 +49,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from btk.knobs import TrainingKnobs
+from btk.loss_chunks import loss_peak_bytes, whole_loss_peak_bytes
 from btk.profile import ModelArchitecture
 
 GIB = 1024**3
@@ -145,16 +147,21 @@ def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKn
     return saved_activation_bytes_per_token_per_layer(arch, full)
 
 
-def logits_peak_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
-    """Peak bytes of the output logits and the loss per token (vocabulary-sharded by TP: loss-parallel head)."""
-    per_vocab = 4 if knobs.fused_loss else 14
-    return per_vocab * arch.vocab_size / knobs.tensor_parallel
+def logits_peak_bytes(arch: ModelArchitecture, knobs: TrainingKnobs, tokens: int, *, whole_logits: bool) -> float:
+    """Peak bytes of the loss of ``tokens`` tokens (vocabulary-sharded by TP: loss-parallel head): the trainer's
+    chunked loss, or (``whole_logits``) one holding the logits whole, as the published runs did."""
+    tp = knobs.tensor_parallel
+    if whole_logits:
+        return whole_loss_peak_bytes(tokens, arch.vocab_size, tensor_parallel=tp, fused=knobs.fused_loss)
+    return loss_peak_bytes(tokens, arch.vocab_size, arch.hidden_size, tensor_parallel=tp, fused=knobs.fused_loss)
 
 
 def estimate_memory(
-    arch: ModelArchitecture, knobs: TrainingKnobs, gpus_per_node: int, nodes: int, capacity_gib: float
+    arch: ModelArchitecture, knobs: TrainingKnobs, gpus_per_node: int, nodes: int, capacity_gib: float,
+    *, whole_logits: bool = False,
 ) -> MemoryBreakdown:
-    """Per-GPU peak memory for one training step with these knobs."""
+    """Per-GPU peak memory for one training step with these knobs (``whole_logits``: a published run whose loss
+    held the micro-batch's logits whole, not the trainer's chunked loss)."""
     par = parallelism_for(knobs, gpus_per_node, nodes)
     tp = par.tensor_parallel
     n_local = arch.parameter_count / tp / par.shard_degree
@@ -165,7 +172,7 @@ def estimate_memory(
     tokens = knobs.micro_batch_size * knobs.seq_len
     saved = saved_activation_bytes_per_token_per_layer(arch, knobs) * tokens * arch.num_layers
     working_set = layer_working_set_bytes_per_token(arch, knobs) * tokens
-    logits = logits_peak_bytes_per_token(arch, knobs) * tokens
+    logits = logits_peak_bytes(arch, knobs, tokens, whole_logits=whole_logits)
 
     block_bf16 = arch.parameters_per_layer * BF16 / tp
     head_bf16 = arch.vocab_size * arch.hidden_size * BF16 / tp

@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in tor
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from btk.loss_chunks import loss_chunk_tokens
 from btk.profile import ModelArchitecture, RopeScaling
 
 
@@ -287,12 +288,115 @@ class DecoderBody(nn.Module):
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ChunkKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+"""``(hidden rows, head weight, targets, scale) -> (summed loss in fp32, scale x its gradient w.r.t. the logits)``."""
 
 
 def eager_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss: logits in the compute dtype, upcast to fp32, then cross-entropy."""
+    """Mean next-token loss with the micro-batch's logits whole: logits in the compute dtype, upcast to fp32,
+    then cross-entropy (the reference :class:`ChunkedCrossEntropy` is tested against)."""
     logits = F.linear(hidden, head_weight)
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+
+def cross_entropy_chunk(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of :class:`ChunkedCrossEntropy`: its summed loss (fp32) and ``scale`` x the loss's gradient
+    w.r.t. its logits, in the hidden states' dtype.
+
+    The logits are computed in the compute dtype and upcast to fp32, as :func:`eager_cross_entropy`;
+    their gradient is ``softmax - one_hot(target)``, built in place in the fp32 logits.
+    """
+    logits = F.linear(hidden, head_weight).float()
+    picked = logits.gather(-1, targets[:, None])
+    log_normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+    loss = (log_normaliser - picked).sum()
+    gradient = logits.sub_(log_normaliser).exp_()
+    gradient.scatter_add_(-1, targets[:, None], torch.full_like(picked, -1.0))
+    return loss, gradient.mul_(scale).to(hidden.dtype)
+
+
+def _accumulate_weight_gradient(total: torch.Tensor, logits_gradient: torch.Tensor, hidden: torch.Tensor) -> None:
+    """``total += logits_gradient^T @ hidden`` in fp32, never with a temporary the size of the weight.
+
+    On CUDA, cuBLAS accumulates the bf16 products straight into the fp32 total; elsewhere (where
+    ``addmm`` has no ``out_dtype``) the chunk's operands are upcast, chunk-sized copies.
+    """
+    if logits_gradient.dtype == total.dtype:
+        total.addmm_(logits_gradient.t(), hidden)
+    elif total.device.type == "cuda":
+        torch.addmm(total, logits_gradient.t(), hidden, out_dtype=total.dtype, out=total)
+    else:
+        total.addmm_(logits_gradient.t().to(total.dtype), hidden.to(total.dtype))
+
+
+def chunked_linear_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
+                                 kernel: ChunkKernel, chunk_tokens: int, *, gradients: bool
+                                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(mean loss, its gradient w.r.t. ``hidden``, w.r.t. ``head_weight``) of rows ``hidden`` (tokens x hidden),
+    ``chunk_tokens`` rows at a time; plain tensors, no autograd (``gradients=False``: the loss only).
+
+    The head weight's gradient is summed over the chunks in fp32 and returned in the weight's dtype.
+    """
+    tokens = hidden.shape[0]
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    hidden_gradient = torch.empty_like(hidden) if gradients else None
+    weight_gradient = torch.zeros(head_weight.shape, dtype=torch.float32, device=hidden.device) if gradients else None
+    for start in range(0, tokens, chunk_tokens):
+        rows = hidden[start:start + chunk_tokens]
+        loss, logits_gradient = kernel(rows, head_weight, targets[start:start + chunk_tokens], 1.0 / tokens)
+        total += loss
+        if hidden_gradient is not None and weight_gradient is not None:
+            torch.mm(logits_gradient, head_weight, out=hidden_gradient[start:start + chunk_tokens])
+            _accumulate_weight_gradient(weight_gradient, logits_gradient, rows)
+        del logits_gradient
+    if weight_gradient is not None:
+        weight_gradient = weight_gradient.to(head_weight.dtype)
+    return total / tokens, hidden_gradient, weight_gradient
+
+
+class _ChunkedCrossEntropyFunction(torch.autograd.Function):
+    """The gradients are computed in forward, chunk by chunk; backward scales them by the loss's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
+                kernel: ChunkKernel, chunk_tokens: int) -> torch.Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        loss, hidden_gradient, weight_gradient = chunked_linear_cross_entropy(
+            rows, head_weight, targets.reshape(-1), kernel, chunk_tokens,
+            gradients=ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        ctx.shape = hidden.shape
+        ctx.save_for_backward(hidden_gradient, weight_gradient)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden_gradient, weight_gradient = ctx.saved_tensors
+        hidden_gradient = hidden_gradient.mul_(grad_loss).view(ctx.shape)
+        weight_gradient = weight_gradient.mul_(grad_loss) if ctx.needs_input_grad[1] else None
+        return hidden_gradient, weight_gradient, None, None, None
+
+
+class ChunkedCrossEntropy:
+    """The mean next-token loss (a :data:`LossFn`) that never holds a micro-batch's logits whole.
+
+    The tokens are cut into chunks of :func:`btk.loss_chunks.loss_chunk_tokens` (Liger-Kernel's
+    rule: about as many logits per chunk as the micro-batch has hidden-state elements); each
+    chunk's logits become its loss and the gradient of that loss w.r.t. the hidden states and the
+    head weight (``kernel``, :func:`cross_entropy_chunk`) and are freed before the next chunk, as
+    torchtitan's ``ChunkedLossWrapper`` runs each chunk's backward inside the forward. Backward
+    then only scales the gradients. Same loss and gradients as :func:`eager_cross_entropy` (up to
+    the order of fp32 sums); :func:`btk_trainer.parallelize.apply_fused_loss` compiles ``kernel``.
+    """
+
+    def __init__(self, kernel: ChunkKernel = cross_entropy_chunk) -> None:
+        self.kernel = kernel
+
+    def __call__(self, hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        chunk = loss_chunk_tokens(targets.numel(), head_weight.shape[0], head_weight.shape[1])
+        loss: torch.Tensor = _ChunkedCrossEntropyFunction.apply(  # type: ignore[no-untyped-call]  # torch's apply is unannotated
+            hidden, head_weight, targets, self.kernel, chunk)
+        return loss
 
 
 class OutputHead(nn.Linear):
@@ -313,8 +417,9 @@ class Decoder(nn.Module):
     """The causal language model.
 
     ``forward(tokens)`` returns logits; ``forward(tokens, targets)`` returns the mean loss,
-    computed by ``self.loss_fn`` from the final hidden states and the head weight, so the
-    trainer can swap in a fused (compiled) loss that never materialises fp32 logits. The
+    computed by ``self.loss_fn`` (:class:`ChunkedCrossEntropy`: never the micro-batch's logits
+    whole) from the final hidden states and the head weight, so the trainer can compile its chunk
+    kernel (the fused loss) or swap in the vocabulary-parallel one under tensor parallelism. The
     loss runs inside the head's ``forward`` (:class:`OutputHead`) so FSDP's hooks have its weight gathered.
     """
 
@@ -325,7 +430,7 @@ class Decoder(nn.Module):
         self.lm_head = OutputHead(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.loss_fn: LossFn = eager_cross_entropy
+        self.loss_fn: LossFn = ChunkedCrossEntropy()
         self._rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tie_weights(self) -> None:

@@ -16,6 +16,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in torchtitan and transformers)
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
@@ -23,9 +25,16 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from btk.errors import BtkError
 from btk.knobs import TrainingKnobs, knob_combination_problem
+from btk.loss_chunks import loss_chunk_tokens
 from btk.profile import ModelArchitecture
 from btk_trainer.layout import MeshShape, mesh_shape
-from btk_trainer.model import Decoder, eager_cross_entropy
+from btk_trainer.model import (
+    ChunkedCrossEntropy,
+    ChunkKernel,
+    Decoder,
+    chunked_linear_cross_entropy,
+    cross_entropy_chunk,
+)
 
 __all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "float8_all_gather_enabled", "mesh_shape", "parallelize",
            "train_context"]
@@ -155,8 +164,9 @@ class LossParallelHead(ColwiseParallel):
     The stock style's hooks see only the first argument (its input hook would drop the targets)
     and would redistribute whatever comes out to ``output_layouts``. Here the hidden states are
     prepared as usual (sequence-sharded -> replicated: one all-gather) and the other arguments
-    pass through; the loss (a 0-d DTensor from cross-entropy under ``loss_parallel()``) comes
-    back as a plain tensor, logits as the vocabulary-sharded DTensor torchtitan's head returns.
+    pass through; the loss (:class:`VocabParallelCrossEntropy`'s plain tensor, or a 0-d DTensor
+    from a cross-entropy under ``loss_parallel()``) comes back as a plain tensor, logits as the
+    vocabulary-sharded DTensor torchtitan's head returns.
     """
 
     def __init__(self) -> None:
@@ -174,9 +184,111 @@ class LossParallelHead(ColwiseParallel):
     def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
                            device_mesh: DeviceMesh) -> Any:
         if outputs.ndim == 0:  # the loss, already reduced over the vocabulary shards
-            return outputs.full_tensor()
+            from torch.distributed.tensor import DTensor
+
+            return outputs.full_tensor() if isinstance(outputs, DTensor) else outputs
         return ColwiseParallel._prepare_output_fn(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             output_layouts, use_local_output, mod, outputs, device_mesh)
+
+
+def _vocab_shard_statistics(hidden: torch.Tensor, head_weight: torch.Tensor, local_targets: torch.Tensor,
+                            inside: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fp32 logits of a chunk and, per token, its (max, sum of exp(logit - max), target logit or 0)."""
+    logits = F.linear(hidden, head_weight).float()
+    maximum = logits.amax(-1, keepdim=True)
+    sum_exp = (logits - maximum).exp().sum(-1, keepdim=True)
+    picked = logits.gather(-1, local_targets[:, None]) * inside[:, None]
+    return logits, torch.cat([maximum, sum_exp, picked], dim=-1)
+
+
+def _vocab_shard_gradient(logits: torch.Tensor, log_normaliser: torch.Tensor, local_targets: torch.Tensor,
+                          inside: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``scale`` x (softmax - one_hot(target)) on this rank's vocabulary shard, in ``dtype``."""
+    gradient = (logits - log_normaliser).exp()
+    gradient = gradient.scatter_add(-1, local_targets[:, None], -inside[:, None].to(gradient.dtype))
+    return (gradient * scale).to(dtype)
+
+
+class _VocabParallelFunction(torch.autograd.Function):
+    """:class:`~btk_trainer.model.ChunkedCrossEntropy`'s autograd function on the DTensors of the loss-parallel
+    head: replicated hidden states, vocabulary-sharded weight. The hidden states' gradient comes back
+    ``Partial`` (each rank's vocabulary shard contributes), which the head's input preparation reduce-scatters
+    to the sequence shard, as the stock column-parallel head's backward does."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Any, head_weight: Any, targets: torch.Tensor, kernel: ChunkKernel,
+                chunk_tokens: int) -> torch.Tensor:
+        local_hidden = hidden.to_local()
+        rows = local_hidden.reshape(-1, local_hidden.shape[-1])
+        loss, hidden_gradient, weight_gradient = chunked_linear_cross_entropy(
+            rows, head_weight.to_local(), targets.reshape(-1), kernel, chunk_tokens,
+            gradients=ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        ctx.hidden_layout = (hidden.device_mesh, local_hidden.shape, hidden.shape, hidden.stride())
+        ctx.weight_layout = (head_weight.device_mesh, head_weight.placements, head_weight.shape, head_weight.stride())
+        ctx.save_for_backward(hidden_gradient, weight_gradient)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
+        from torch.distributed.tensor import DTensor, Partial
+
+        hidden_gradient, weight_gradient = ctx.saved_tensors
+        mesh, local_shape, shape, stride = ctx.hidden_layout
+        hidden_grad = DTensor.from_local(hidden_gradient.mul_(grad_loss).view(local_shape), mesh, [Partial()],
+                                         run_check=False, shape=shape, stride=stride)
+        mesh, placements, shape, stride = ctx.weight_layout
+        weight_grad = DTensor.from_local(weight_gradient.mul_(grad_loss), mesh, placements, run_check=False,
+                                         shape=shape, stride=stride)
+        return hidden_grad, weight_grad, None, None, None
+
+
+class VocabParallelCrossEntropy:
+    """The chunked loss of the loss-parallel head (a :data:`~btk_trainer.model.LossFn` on DTensors).
+
+    Each rank computes its vocabulary shard's logits chunk by chunk; the softmax's normaliser is
+    merged across the shards from each shard's (max, sum of exponentials) with the target's logit
+    in one all-gather per chunk (``loss_parallel()`` takes three all-reduces for the same), so
+    no rank holds more than one chunk of its shard's logits (the chunk size is
+    :func:`btk.loss_chunks.loss_chunk_tokens` of the shard's vocabulary). ``compile_backend``
+    compiles the two local pieces around the all-gather (the fused loss).
+    """
+
+    def __init__(self, compile_backend: str | None = None) -> None:
+        self.statistics: Any = _vocab_shard_statistics
+        self.gradient: Any = _vocab_shard_gradient
+        if compile_backend is not None:
+            self.statistics = torch.compile(_vocab_shard_statistics, fullgraph=True, backend=compile_backend)
+            self.gradient = torch.compile(_vocab_shard_gradient, fullgraph=True, backend=compile_backend)
+
+    def __call__(self, hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(head_weight, DTensor) or head_weight.placements != (Shard(0),):
+            raise BtkError("the vocabulary-parallel loss needs the head weight sharded over the vocabulary")
+        mesh = head_weight.device_mesh
+        shard_vocab = head_weight.to_local().shape[0]
+        kernel = self._kernel(mesh.get_group(), mesh.size(), mesh.get_local_rank() * shard_vocab, shard_vocab)
+        chunk = loss_chunk_tokens(targets.numel(), shard_vocab, head_weight.shape[1])
+        loss: torch.Tensor = _VocabParallelFunction.apply(  # type: ignore[no-untyped-call]  # torch's apply is unannotated
+            hidden, head_weight, targets, kernel, chunk)
+        return loss
+
+    def _kernel(self, group: Any, ranks: int, vocab_start: int, shard_vocab: int) -> ChunkKernel:
+        def kernel(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+            local_targets = targets - vocab_start
+            inside = (local_targets >= 0) & (local_targets < shard_vocab)
+            local_targets = local_targets.clamp(0, shard_vocab - 1)
+            logits, mine = self.statistics(hidden, head_weight, local_targets, inside)
+            gathered = torch.empty((ranks * mine.shape[0], mine.shape[1]), dtype=mine.dtype, device=mine.device)
+            dist.all_gather_into_tensor(gathered, mine, group=group)
+            every = gathered.view(ranks, *mine.shape)
+            maximum = every[..., 0:1].amax(0)
+            log_normaliser = maximum + (every[..., 1:2] * (every[..., 0:1] - maximum).exp()).sum(0).log()
+            loss = (log_normaliser - every[..., 2:3].sum(0)).sum()
+            return loss, self.gradient(logits, log_normaliser, local_targets, inside, scale, hidden.dtype)
+
+        return kernel
 
 
 class SequenceShardedEmbedding(RowwiseParallel):
@@ -218,8 +330,8 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
     all-reduce of plain TP becomes an all-gather + reduce-scatter of the same bytes and no
     rank repeats the norm work or keeps the full residual activations. The embedding is
     vocabulary-parallel (its output reduce-scattered to the sequence shard), the head
-    column-parallel with its logits left vocabulary-sharded for cross-entropy under
-    :func:`train_context`'s ``loss_parallel()``: no rank materialises the full logits. A tied
+    column-parallel with its logits left vocabulary-sharded, its loss the chunked
+    :class:`VocabParallelCrossEntropy`: no rank materialises the full logits. A tied
     head shares the embedding's (vocabulary-sharded) weight again after both are split.
     fp8_tensorwise uses torchao's float8 styles, whose input preparation (on CUDA) casts to
     float8 before the all-gather.
@@ -255,6 +367,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
     })
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.loss_fn = VocabParallelCrossEntropy()
     plan = {
         "self_attn": prepare_input(input_layouts=(Shard(1), None, None),
                                    desired_input_layouts=(Replicate(), None, None)),
@@ -315,8 +428,8 @@ def _apply_plain_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, colwise: A
 
 
 def train_context(shape: MeshShape) -> AbstractContextManager[Any]:
-    """What forward and backward run under: ``loss_parallel()`` with tensor parallelism (the head's
-    vocabulary-sharded logits; torch requires the backward inside it too), else nothing."""
+    """What forward and backward run under: ``loss_parallel()`` with tensor parallelism (a cross-entropy taken
+    of the head's vocabulary-sharded logits; torch requires the backward inside it too), else nothing."""
     if shape.tp == 1:
         return nullcontext()
     from torch.distributed.tensor.parallel import loss_parallel
@@ -441,8 +554,12 @@ def apply_compile(model: Decoder, backend: str = "inductor") -> None:
 
 
 def apply_fused_loss(model: Decoder, backend: str = "inductor") -> None:
-    """Compile head matmul + upcast + cross-entropy into one graph: no fp32 logits tensor."""
-    model.loss_fn = torch.compile(eager_cross_entropy, fullgraph=True, backend=backend)
+    """Compile the chunked loss's kernel: per chunk, head matmul + upcast + log-sum-exp + softmax gradient in one
+    graph, no fp32 copy of the chunk's logits (the vocabulary-parallel loss: its two local pieces)."""
+    if isinstance(model.loss_fn, VocabParallelCrossEntropy):
+        model.loss_fn = VocabParallelCrossEntropy(compile_backend=backend)
+    else:
+        model.loss_fn = ChunkedCrossEntropy(torch.compile(cross_entropy_chunk, fullgraph=True, backend=backend))
 
 
 def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: torch.dtype | None) -> None:

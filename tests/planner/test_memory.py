@@ -13,16 +13,19 @@ ARCH = ModelArchitecture(num_layers=4, hidden_size=1024, num_attention_heads=8, 
                          attention_bias=False, rope_theta=10000.0)
 
 
-def _breakdown(tp: int, activation_checkpointing: str = "selective", fused_loss: bool = True) -> MemoryBreakdown:
+def _breakdown(tp: int, activation_checkpointing: str = "selective", fused_loss: bool = True,
+               whole_logits: bool = False) -> MemoryBreakdown:
     knobs = TrainingKnobs(micro_batch_size=2, seq_len=2048, tensor_parallel=tp, fused_loss=fused_loss,
                           activation_checkpointing=activation_checkpointing)
-    return estimate_memory(ARCH, knobs, gpus_per_node=8, nodes=1, capacity_gib=80.0)
+    return estimate_memory(ARCH, knobs, gpus_per_node=8, nodes=1, capacity_gib=80.0, whole_logits=whole_logits)
 
 
 @pytest.mark.parametrize("fused_loss", [True, False])
 def test_tensor_parallel_two_halves_the_logits(fused_loss: bool) -> None:
-    """The head's logits are vocabulary-sharded (cross-entropy under loss_parallel): TP=2 holds half of them."""
-    one, two = _breakdown(1, fused_loss=fused_loss), _breakdown(2, fused_loss=fused_loss)
+    """The head's logits are vocabulary-sharded (loss-parallel head): TP=2 holds half of them (held whole here;
+    the chunked loss's own split is tested with the trainer, tests/trainer/test_loss.py)."""
+    one, two = _breakdown(1, fused_loss=fused_loss, whole_logits=True), _breakdown(2, fused_loss=fused_loss,
+                                                                                    whole_logits=True)
     assert one.peak_phase == two.peak_phase == "loss"
     assert two.logits == pytest.approx(one.logits / 2)
 
