@@ -9,6 +9,7 @@ Each scenario runs in ``WORLD_SIZE`` spawned processes (default 2) and rank 0 wr
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ from trainer_fixtures import sigterm_after, tiny_spec  # noqa: E402
 
 from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
+from btk.profile import TrainingIntent  # noqa: E402
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -534,15 +536,20 @@ def _killed_mid_write(rank: int, workdir: str, data_dir: str, port: int, case: s
                     checkpoint_dir=Path(workdir) / f"ckpt_{case}"))
 
 
-def parity_cases() -> dict[str, dict[str, Any]]:
+LOW_PRECISIONS = ("fp8_tensorwise", "fp8_rowwise", "mxfp8")
+
+
+def parity_cases(*, low_precision_only: bool = False) -> dict[str, dict[str, Any]]:
     """Knobs of every case :func:`scenario_parity` runs: each AC mode under data and tensor parallelism, and
-    every low precision the CPU emulates, for Llama (GQA, no bias, untied) and Qwen (bias, tied)."""
+    every low precision the CPU emulates, for Llama (GQA, no bias, untied) and Qwen (bias, tied).
+
+    ``low_precision_only``: the fp8 and MXFP8 cases alone."""
     cases: dict[str, dict[str, Any]] = {}
     for arch in ARCHITECTURES:
-        for tp in (1, 2):
+        for tp in () if low_precision_only else (1, 2):
             for mode in ("none", "selective", "full"):
                 cases[f"{arch}-bf16-{mode}-tp{tp}"] = {"activation_checkpointing": mode, "tensor_parallel": tp}
-        for precision in ("fp8_tensorwise", "fp8_rowwise", "mxfp8"):
+        for precision in LOW_PRECISIONS:
             cases[f"{arch}-{precision}-selective-tp1"] = {"precision": precision,
                                                           "activation_checkpointing": "selective"}
         cases[f"{arch}-fp8_tensorwise-selective-tp2"] = {"precision": "fp8_tensorwise", "tensor_parallel": 2,
@@ -551,41 +558,179 @@ def parity_cases() -> dict[str, dict[str, Any]]:
 
 
 PARITY_STEPS = 3
+# The trainer's optimizer (btk_trainer.train.build_optimizer): AdamW, torchtitan's betas and eps.
+REFERENCE_BETAS = (0.9, 0.95)
+REFERENCE_EPS = 1e-8
 
 
-def fingerprint(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
-    """Per parameter: sum, L2 norm and the dot product with a fixed random vector (float64)."""
-    out = {}
-    for name, tensor in sorted(state.items()):
-        flat = tensor.detach().double().flatten()
-        probe = torch.randn(flat.numel(), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-        out[name] = [float(flat.sum()), float(flat.norm()), float(flat @ probe)]
-    return out
+def parity_spec(name: str, knobs: dict[str, Any]) -> JobHyperparameters:
+    """A parity case's job: 2 micro-batches per step, a checkpoint every 2 steps, one global batch for every layout."""
+    from trainer_fixtures import tiny_qwen
+
+    batch = 4 if knobs.get("tensor_parallel", 1) == 2 else 2  # same global batch: TP=2 has 1 data rank
+    spec = tiny_spec(micro_batch_size=batch, gradient_accumulation_steps=2, job={"checkpoint_interval_steps": 2},
+                     **knobs)
+    return spec.model_copy(update={"architecture": tiny_qwen()}) if name.startswith("qwen") else spec
 
 
-def scenario_parity(workdir: Path, data_dir: Path) -> dict[str, Any]:
-    """Every case of :func:`parity_cases` for a few steps on synthetic tokens: losses, gradient norms, weights.
+def reference_low_precision(model: torch.nn.Module, precision: str) -> None:
+    """torchao's recipe for ``precision`` on every linear of the blocks (the head stays exact), applied directly.
+
+    Every dimension of the tiny models is a multiple of 32, so the trainer's filter (dimensions
+    the kernels take) passes all of them too.
+    """
+    if precision == "bf16":
+        return
+
+    def in_blocks(module: torch.nn.Module, fqn: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and fqn.startswith("model.layers.")
+
+    if precision != "mxfp8":
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        recipe = Float8LinearConfig.from_recipe_name(precision.removeprefix("fp8_"))
+        convert_to_float8_training(model, config=recipe, module_filter_fn=in_blocks)
+        return
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    for fqn, linear in [(fqn, module) for fqn, module in model.named_modules() if in_blocks(module, fqn)]:
+        parent, _, child = fqn.rpartition(".")
+        emulated = MXFP8Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                               kernel_preference=KernelPreference.EMULATED)
+        emulated.load_state_dict(linear.state_dict())
+        setattr(model.get_submodule(parent), child, emulated)
+
+
+def reference_learning_rate(step: int, intent: TrainingIntent, total: int) -> float:
+    """The schedule from its definition: linear warmup to the peak, cosine to ``min_learning_rate_ratio`` of it."""
+    if intent.warmup_steps and step <= intent.warmup_steps:
+        return float(intent.learning_rate * step / intent.warmup_steps)
+    progress = min(1.0, (step - intent.warmup_steps) / max(1, total - intent.warmup_steps))
+    floor = intent.min_learning_rate_ratio
+    return float(intent.learning_rate * (floor + (1 - floor) * (1 + math.cos(math.pi * progress)) / 2))
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def token_loss_rounding(low: torch.nn.Module, exact: torch.nn.Module, batches: list[Batch]) -> float:
+    """RMS over ``batches``' tokens of the change the low-precision format makes to each token's loss (same weights)."""
+    from torch.nn.functional import cross_entropy
+
+    changes = []
+    with torch.no_grad():
+        for inputs, targets in batches:
+            per_token = [cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten(), reduction="none")
+                         for model in (low, exact)]
+            changes.append(per_token[0] - per_token[1])
+    return float(torch.cat(changes).double().square().mean().sqrt())
+
+
+def reference_training(spec: JobHyperparameters, dp_size: int, steps: int) -> tuple[
+        dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+    """The training each parity case must reproduce, written out plainly in this one process.
+
+    One unsharded model, initialised by ``Decoder.init_weights`` (the trainer's sharded and TP
+    weights start equal to it: ``check_training_init_is_the_models``), the precision's torchao
+    recipe applied directly; the synthetic windows each data-parallel rank reads, each rank's
+    micro-batch its own forward and backward (fp8 scales cover one rank's batch, as in the
+    trainer), the loss divided by the micro-batch and rank counts; torch's single-tensor
+    AdamW, ``clip_grad_norm_``, and :func:`reference_learning_rate`.
+
+    Returns the losses, gradient norms and learning rates, and what the tests' rounding bounds
+    are made of: tokens per step, parameter count, how many gradient elements carry the first
+    gradient's norm ((Σg²)²/Σg⁴) and, for a low precision, the RMS change of a token's loss it
+    makes (:func:`token_loss_rounding`, first step); also the initial and final weights.
+    """
+    import copy
+
+    from btk_trainer.data import ResumableSampler, next_batch
+    from btk_trainer.model import Decoder
+    from btk_trainer.train import SyntheticWindows
+
+    knobs, intent, seed = spec.knobs, spec.training, spec.job.seed
+    exact = Decoder(spec.architecture)
+    exact.init_weights(seed)
+    initial = {name: tensor.clone() for name, tensor in exact.state_dict().items()}
+    model = copy.deepcopy(exact)
+    reference_low_precision(model, knobs.precision)
+    windows = SyntheticWindows(spec.architecture.vocab_size, knobs.seq_len, seed=seed)
+    samplers = [ResumableSampler(len(windows), micro_batch_size=knobs.micro_batch_size, dp_rank=rank,
+                                 dp_size=dp_size, seed=seed) for rank in range(dp_size)]
+    accumulation = knobs.gradient_accumulation_steps
+    steps_batches = [[[next_batch(windows, sampler, torch.device("cpu")) for sampler in samplers]
+                      for _ in range(accumulation)] for _ in range(steps)]
+    parameters = list(model.parameters())
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": intent.weight_decay},
+         {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}],
+        lr=intent.learning_rate, betas=REFERENCE_BETAS, eps=REFERENCE_EPS, foreach=False, fused=False)
+    out: dict[str, Any] = {
+        "losses": [], "grad_norms": [], "learning_rates": [], "betas": list(REFERENCE_BETAS),
+        "tokens_per_step": dp_size * accumulation * knobs.micro_batch_size * knobs.seq_len,
+        "parameters": sum(p.numel() for p in parameters),
+        "token_loss_rounding": 0.0 if knobs.precision == "bf16" else token_loss_rounding(
+            model, exact, [batch for ranks in steps_batches[0] for batch in ranks]),
+    }
+    for step, micro_batches in enumerate(steps_batches, start=1):
+        lr = reference_learning_rate(step, intent, steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for ranks in micro_batches:
+            for inputs, targets in ranks:
+                loss = model(inputs, targets) / accumulation
+                (loss / dp_size).backward()
+                loss_sum += float(loss.detach()) / dp_size
+        if step == 1:
+            squares = torch.cat([p.grad.detach().double().flatten() for p in parameters if p.grad is not None]).square()
+            out["gradient_participation"] = float(squares.sum() ** 2 / squares.square().sum())
+        out["grad_norms"].append(float(torch.nn.utils.clip_grad_norm_(parameters, intent.max_grad_norm)))
+        optimizer.step()
+        out["losses"].append(loss_sum)
+        out["learning_rates"].append(lr)
+    final = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return out, {"initial": initial, "final": final}
+
+
+def scenario_parity(workdir: Path, *, low_precision_only: bool = False) -> dict[str, Any]:
+    """Every case of :func:`parity_cases` for a few steps on synthetic tokens, and its :func:`reference_training`.
 
     Checkpoints every 2 steps (asynchronous where the trainer saves so), so saving is on the path.
+    Rank 0 writes each case's final weights to ``trainer_<case>.pt``; the references (one per
+    architecture, precision and data-parallel layout, split between the ranks) write theirs to
+    ``reference_<key>.pt`` ({"initial": …, "final": …}). The result names the instruction set
+    ATen's kernels ran on (``ATEN_CPU_CAPABILITY`` chooses it).
     """
     from btk_trainer.checkpoint import verify_checkpoint
     from btk_trainer.train import RunConfig, train
-    from trainer_fixtures import tiny_qwen
 
-    out: dict[str, Any] = {}
-    for name, knobs in parity_cases().items():
-        batch = 4 if knobs.get("tensor_parallel", 1) == 2 else 2  # same global batch: TP=2 has 1 data rank
-        spec = tiny_spec(micro_batch_size=batch, gradient_accumulation_steps=2,
-                         job={"checkpoint_interval_steps": 2}, **knobs)
-        if name.startswith("qwen"):
-            spec = spec.model_copy(update={"architecture": tiny_qwen()})
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cases: dict[str, Any] = {}
+    references: dict[str, tuple[JobHyperparameters, int]] = {}
+    for name, knobs in parity_cases(low_precision_only=low_precision_only).items():
+        spec = parity_spec(name, knobs)
+        dp_size = world // spec.knobs.tensor_parallel
+        key = f"{name.split('-')[0]}-{spec.knobs.precision}-dp{dp_size}"
+        references.setdefault(key, (spec, dp_size))
         result = train(RunConfig(spec=spec, max_steps=PARITY_STEPS, device="cpu", capability=(10, 0),
                                  checkpoint_dir=workdir / f"ckpt_{name}", return_state=True))
-        out[name] = {"losses": [result.losses[s] for s in sorted(result.losses)],
-                     "grad_norms": [result.grad_norms[s] for s in sorted(result.grad_norms)],
-                     "weights": fingerprint(result.final_state or {}), "saved": result.saved_step,
-                     "verified": verify_checkpoint(workdir / f"ckpt_{name}" / "step_00000002") is None}
-    return out
+        if rank == 0:
+            torch.save(result.final_state, workdir / f"trainer_{name}.pt")
+        cases[name] = {"losses": [result.losses[s] for s in sorted(result.losses)],
+                       "grad_norms": [result.grad_norms[s] for s in sorted(result.grad_norms)],
+                       "saved": result.saved_step, "reference": key,
+                       "verified": verify_checkpoint(workdir / f"ckpt_{name}" / "step_00000002") is None}
+    mine = {}
+    for key in sorted(references)[rank::world]:
+        mine[key], weights = reference_training(*references[key], PARITY_STEPS)
+        torch.save(weights, workdir / f"reference_{key}.pt")
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, mine)
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "cases": cases,
+            "references": {key: value for part in parts for key, value in part.items()}}
 
 
 def scenario_kill(workdir: Path, data_dir: Path) -> None:
@@ -611,8 +756,8 @@ def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_
             result = scenario_precisions_save(Path(workdir), Path(data_dir))
         elif scenario == "precisions_resume":
             result = scenario_precisions_resume(Path(workdir), Path(data_dir))
-        elif scenario == "parity":
-            result = scenario_parity(Path(workdir), Path(data_dir))
+        elif scenario in ("parity", "parity_low_precision"):
+            result = scenario_parity(Path(workdir), low_precision_only=scenario == "parity_low_precision")
         else:
             raise SystemExit(f"unknown scenario {scenario}")
         if rank == 0:

@@ -8,6 +8,7 @@ recomputes the same ops; accumulation and TP only reorder sums).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,12 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 pytestmark = pytest.mark.slow
 
 
-def run_scenario(name: str, workdir: Path, dataset: Path, seed: int = 0) -> dict[str, Any]:
+def run_scenario(name: str, workdir: Path, dataset: Path, seed: int = 0,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a scenario of dist_worker.py; ``env``: variables set for its processes on top of this one's."""
     completed = subprocess.run(
         [sys.executable, str(WORKER), name, str(workdir), str(dataset), "2", str(seed)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env=None if env is None else {**os.environ, **env},
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result: dict[str, Any] = json.loads((workdir / "result.json").read_text())
