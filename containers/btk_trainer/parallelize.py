@@ -459,20 +459,43 @@ def enable_async_tensor_parallel(tp_mesh: DeviceMesh, *, compiled: bool) -> bool
 # count alike, so fp8 + selective saves the same 4 of 7 outputs as bf16 (what btk.planner.memory models).
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten._scaled_mm.default}
 
+# torchtitan's save list, by name where an op exists only in some builds (its ``_get_default_save_ops``, formerly
+# ``_save_list``: https://github.com/pytorch/torchtitan/blob/b5bcd76c66d0acb1a08b176d9639425bc55e0b2a/torchtitan/
+# distributed/activation_checkpoint.py), beside the partitioner's compute-intensive ops it starts from.
+_SAVED_BY_NAME = (
+    "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_fused_attention_overrideable",
+    # Low precision: the absolute maximum each float8 scale is computed from (torchao's amax is aten.max).
+    "aten.max", "aten.linear",
+    "aten.topk",  # torchtitan: MoE routing, kept for the same list
+    "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single",
+    # Not in torchtitan's list: torch's CPU flash attention, so the CPU tests save attention as the GPU kernels are.
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+)
+
 
 def _sac_save_list() -> set[Any]:
-    ops: set[Any] = set(_MATMULS)
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
-        op = getattr(torch.ops.aten, name, None)
-        if op is not None:
-            ops.add(op.default)
-    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    """Ops whose outputs selective AC saves (unless :func:`selective_policy` recomputes every other matmul):
+    torchtitan's list, i.e. the min-cut partitioner's compute-intensive ops (matmuls, SDPA kernels), the other
+    attention kernels, ``aten.max`` (float8 scales), flex attention and compiled regions, the TP reduce-scatter."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    packets: list[Any] = list(get_default_op_list().compute_intensive_ops)  # OpOverloadPackets, typed as callables
+    ops: set[Any] = {packet.default for packet in packets}
+    for name in _SAVED_BY_NAME:
+        namespace, _, op = name.partition(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None:
+            ops.add(packet.default)
+    for higher_order in ("flex_attention", "inductor_compiled_code"):
+        if (found := getattr(torch._higher_order_ops, higher_order, None)) is not None:
+            ops.add(found)
     return ops
 
 
 def selective_policy() -> Any:
-    """Per-op SAC policy: save attention and matmul outputs, but recompute every other matmul."""
+    """Per-op SAC policy (torchtitan's ``SelectiveAC``): save what :func:`_sac_save_list` names, but recompute every
+    other matmul (bf16 and float8 alike, see ``_MATMULS``)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     save = _sac_save_list()
@@ -569,8 +592,11 @@ def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: 
     reduce-scattered while the rest of backward runs); the final norm and the head form one
     group kept gathered between forward and backward (``reshard_after_forward=False``: backward
     starts with them). Left in the root, both would be all-gathered before the first block and
-    reduce-scattered after the last gradient, each exposed. Tied embeddings share one weight
-    with the head, so they stay in the root group. fp32 gradient reduction.
+    reduce-scattered after the last gradient, each exposed. Every block, the last one too, is
+    resharded after forward (torchtitan's ``apply_fsdp_to_decoder``): FSDP's backward prefetch
+    all-gathers the last block when the head's backward starts, so keeping it gathered saved
+    one all-gather and held a block's bf16 weights through the loss's peak. Tied embeddings share
+    one weight with the head, so they stay in the root group. fp32 gradient reduction.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -578,10 +604,8 @@ def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if not model.weights_tied:
         fully_shard(model.model.embed_tokens, mesh=dp_mesh, mp_policy=policy)
-    layers = list(model.model.layers)
-    for index, layer in enumerate(layers):
-        # The last block is needed first in backward: keep it gathered after forward.
-        fully_shard(layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=index < len(layers) - 1)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
     if not model.weights_tied:
         fully_shard([model.model.norm, model.lm_head], mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)

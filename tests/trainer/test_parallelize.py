@@ -69,6 +69,44 @@ def test_selective_policy_recomputes_every_other_matmul() -> None:
     fp8 = [policy(Ctx(), op) for op in (torch.ops.aten._scaled_mm.default, torch.ops.aten.mm.default) * 2]
     assert fp8 == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE] * 2
     assert policy(Ctx(), torch.ops.aten.add.Tensor) == CheckpointPolicy.PREFER_RECOMPUTE
+    # torchtitan's save list: attention kernels, the float8 scales' maxima, the TP reduce-scatter.
+    for op in (torch.ops.aten.max.default, torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+               torch.ops.aten._scaled_dot_product_flash_attention.default,
+               torch.ops._c10d_functional.reduce_scatter_tensor.default):
+        assert policy(Ctx(), op) == CheckpointPolicy.MUST_SAVE, op
+
+
+def test_selective_checkpointing_does_not_recompute_float8_scales(llama_arch: ModelArchitecture) -> None:
+    """Backward under selective AC takes as many float8 maxima (aten.max) as without checkpointing: the forward's
+    scales are saved, not recomputed (full AC recomputes them all)."""
+    pytest.importorskip("torchao")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMaxima(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func: object, types: object, args: tuple[object, ...] = (),
+                               kwargs: dict[str, object] | None = None) -> object:
+            if func is torch.ops.aten.max.default:
+                CountMaxima.calls += 1
+            return func(*args, **(kwargs or {}))  # type: ignore[operator]  # an OpOverload
+
+    def backward_maxima(mode: str) -> int:
+        model = Decoder(llama_arch)
+        model.init_weights(seed=0)
+        apply_low_precision(model, "fp8_tensorwise", fsdp_float8_all_gather=False)
+        apply_activation_checkpointing(model, mode)
+        tokens = torch.randint(0, llama_arch.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+        loss = model(tokens, tokens)
+        CountMaxima.calls = 0
+        with CountMaxima():
+            loss.backward()
+        return CountMaxima.calls
+
+    plain, selective, full = (backward_maxima(mode) for mode in ("none", "selective", "full"))
+    assert plain > 0
+    assert selective == plain
+    assert full > plain
 
 
 @pytest.mark.slow
@@ -160,3 +198,28 @@ def test_tensor_parallel_must_divide_vocabulary_and_sequence() -> None:
     _check_tensor_parallel_divides(tiny_llama(), 32, 2)
     with pytest.raises(BtkError, match="must divide seq_len"):
         _check_tensor_parallel_divides(tiny_llama(), 33, 2)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_every_block_is_resharded_after_forward_and_the_head_is_not(llama_arch: ModelArchitecture) -> None:
+    """torchtitan's FSDP groups: after forward (the loss included) no block holds its gathered weights, the last one
+    too; the final norm + head group stays gathered for the start of backward."""
+    import torch.distributed as dist
+    from btk_trainer.parallelize import apply_fsdp, build_mesh, mesh_shape
+
+    from btk.knobs import TrainingKnobs
+
+    dist.init_process_group("gloo")
+    model = Decoder(llama_arch)
+    model.init_weights(seed=0)
+    shape = mesh_shape(1, 1, TrainingKnobs(micro_batch_size=1, seq_len=32))
+    apply_fsdp(model, build_mesh(shape, "cpu"), shape, None)
+    tokens = torch.randint(0, llama_arch.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    model(tokens, tokens)
+
+    def gathered(module: torch.nn.Module) -> bool:
+        group = module._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]  # FSDP2 adds it
+        return bool(group.is_unsharded)
+
+    assert [gathered(layer) for layer in model.model.layers] == [False] * llama_arch.num_layers
+    assert gathered(model.lm_head)
