@@ -48,7 +48,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct, IConstruct
 
-from btk.environment import EnvironmentConfig
+from btk import capacity
+from btk.environment import EnvironmentConfig, ExistingPlanCapacity
 from btk.errors import BtkError
 from training_constructs.nag import acknowledge, acknowledge_wildcard_resources
 
@@ -270,14 +271,58 @@ class EnvironmentBootstrapStack(Stack):
                     "ecr:GetAuthorizationToken acts on no resource and accepts only '*'")
 
     def _lookup_role(self) -> None:
+        """``cdk diff`` and ``btk doctor --lookup-role`` (docs/deploy.md's BtkDoctorReadOnly), scoped to
+        this environment's stack, pipelines, plan, topic, file system and image repository."""
         env_config = self.props.environment
-        role = self._role("lookup", f"Reads {env_config.stack_name}'s deployed template (cdk diff)")
+        role = self._role("lookup", f"Reads {env_config.stack_name} and its resources (cdk diff, btk doctor)")
         role.add_to_policy(iam.PolicyStatement(
             sid="ReadThisEnvironmentsStack", actions=list(LOOKUP_ACTIONS), resources=self.own_stack_arns
         ))
+        # Quotas and default quotas describe the account, not a resource (they accept only '*').
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadQuotas",
+            actions=["servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas"],
+            resources=["*"],
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadBootstrapVersion", actions=["ssm:GetParameter"], resources=[self.version.parameter_arn]
+        ))
+        prefix = f"btk-{env_config.name}-"
+        pipelines = self.format_arn(service="sagemaker", resource="pipeline", resource_name=f"{prefix}*")
+        topics = self.format_arn(service="sns", resource=f"{env_config.stack_name}-*")
+        owned = [pipelines, topics, *self.own_stack_arns]
+        role.add_to_policy(iam.PolicyStatement(sid="DescribePipelines", actions=["sagemaker:DescribePipeline"],
+                                               resources=[pipelines]))
+        role.add_to_policy(iam.PolicyStatement(sid="ReadFailureTopic", actions=["sns:ListSubscriptionsByTopic"],
+                                               resources=[topics]))
+        plans = self._plan_arns()
+        if plans:
+            role.add_to_policy(iam.PolicyStatement(sid="DescribeThePlan", actions=["sagemaker:DescribeTrainingPlan"],
+                                                   resources=plans))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="DescribeThisStacksFileSystem", actions=["fsx:DescribeFileSystems"], resources=["*"],
+            conditions={"StringEquals": {f"aws:ResourceTag/{STACK_NAME_TAG}": env_config.stack_name}},
+        ))
+        role.add_to_policy(iam.PolicyStatement(sid="DescribeImages", actions=["ecr:DescribeImages"],
+                                               resources=[self.repository.repository_arn]))
         acknowledge_wildcard_resources(
-            role, self.own_stack_arns, "CloudFormation appends a generated id to the stack ARN; read-only actions"
+            role, [*owned, *[plan for plan in plans if "*" in plan]],
+            "names CloudFormation or the project gives this environment's resources (stack/NAME/ID, "
+            f"{prefix}<profile> pipelines, {env_config.stack_name}-<id> topic); read-only actions",
         )
+        acknowledge(role, "AwsSolutions-IAM5[Resource::*]",
+                    "service quotas accept only '*'; fsx:DescribeFileSystems is limited by the stack-name tag "
+                    "CloudFormation puts on this environment's file system")
+
+    def _plan_arns(self) -> list[str]:
+        """The environment's training plan(s): the configured ARN, or its plan names (none on-demand)."""
+        capacity_config = self.props.environment.capacity
+        if isinstance(capacity_config, ExistingPlanCapacity):
+            return [capacity_config.plan_arn]
+        if capacity_config.mode == "reserve":
+            name = capacity.plan_name_prefix(self.props.environment.name) + "?" * capacity.PLAN_HASH_CHARS
+            return [self.format_arn(service="sagemaker", resource="training-plan", resource_name=name)]
+        return []
 
     def _grant_bucket(self, role: iam.Role, object_actions: Sequence[str]) -> None:
         """List this bootstrap's staging bucket and act on its objects (asset keys are content hashes)."""

@@ -15,7 +15,8 @@ It creates (or imports) the GitHub OIDC identity provider and:
   and the bootstrap ``--trust`` decides which account may hand it out. Two environments of
   one account and region must not share a qualifier (refused): the dev role could then
   deploy prod through the shared bootstrap roles, past prod's required reviewers.
-* one **diff role** for pull requests (``sub`` = ``repo:OWNER/NAME:pull_request``). It may
+* one **diff role** for pull requests and for the deploy workflow's diff on ``main`` (``sub`` =
+  ``repo:OWNER/NAME:pull_request`` or ``repo:OWNER/NAME:ref:refs/heads/main``). It may
   assume nothing; it can only read the deployed template of each environment's training
   stack (``cloudformation:DescribeStacks``, ``GetTemplate``, ``ListStackResources``), which
   is all ``cdk diff --method template`` needs once the CLI falls back from the lookup role
@@ -135,6 +136,12 @@ def pull_request_subject(github_repo: str) -> str:
     return f"repo:{github_repo}:pull_request"
 
 
+def main_branch_subject(github_repo: str) -> str:
+    """The OIDC ``sub`` of a job on a push to ``main`` bound to no GitHub Environment (the deploy
+    workflow's diff, shown before the environments' approvals)."""
+    return f"repo:{github_repo}:ref:refs/heads/main"
+
+
 class CiAccessStack(Stack):
     """The GitHub OIDC provider, one deploy role per environment and a read-only diff role.
 
@@ -198,8 +205,8 @@ class CiAccessStack(Stack):
             self.diff_role = self._github_role(
                 "DiffRole",
                 role_name=f"{props.role_name_prefix}-diff",
-                subject=pull_request_subject(props.github_repo),
-                description="GitHub Actions pull-request cdk diff: reads the training stacks' deployed templates",
+                subject=[pull_request_subject(props.github_repo), main_branch_subject(props.github_repo)],
+                description="GitHub Actions cdk diff (pull requests; main, before approval): reads deployed templates",
             )
             stacks = self.training_stack_arns()
             self.diff_role.add_to_principal_policy(
@@ -237,7 +244,9 @@ class CiAccessStack(Stack):
             arns += [f"{base}/{env_config.stack_name}/*", f"{base}/{env_config.stack_name}-*/*"]
         return arns
 
-    def _github_role(self, construct_id: str, *, role_name: str, subject: str, description: str) -> iam.Role:
+    def _github_role(
+        self, construct_id: str, *, role_name: str, subject: str | list[str], description: str
+    ) -> iam.Role:
         principal = iam.WebIdentityPrincipal(
             self.provider.oidc_provider_arn,
             conditions={

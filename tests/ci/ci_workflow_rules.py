@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from btk.environment import EnvironmentConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
@@ -86,64 +84,57 @@ def iter_uses(workflow: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
                 yield job_id, str(step["uses"])
 
 
-def deploy_workflow_problems(workflow: Mapping[str, Any], environments: Sequence[EnvironmentConfig]) -> list[str]:
-    """Every environment has a deploy job, chained in the order of ``environments``."""
+#: The deploy job's matrix: the rows the ``environments`` job reads from environments.py.
+MATRIX_EXPRESSION = "${{ fromJSON(needs.environments.outputs.matrix) }}"
+MATRIX_ENVIRONMENT = "${{ matrix.environment.name }}"
+
+
+def deploy_workflow_problems(workflow: Mapping[str, Any]) -> list[str]:
+    """Environments come from environments.py (no job per environment); deploys run one at a time,
+    in order, after a diff of each; each deploy job uses OIDC only, one deploy at a time."""
     where = ".github/workflows/deploy.yml"
     jobs: Mapping[str, Any] = workflow.get("jobs") or {}
-    by_environment = {job_environment(job): job_id for job_id, job in jobs.items() if job_environment(job)}
-    names = [env.name for env in environments]
-    missing: list[str] = []
     problems: list[str] = []
-
-    for index, name in enumerate(names):
-        previous_job = deploy_job_id(names[index - 1]) if index else "test"
-        if name not in by_environment:
-            copy_from = f"copy {deploy_job_id(names[index - 1])}" if index else "copy an existing deploy job"
-            missing.append(
-                f"environment '{name}' from environments.py has no deploy job in {where}: add a job "
-                f"'{deploy_job_id(name)}' ({copy_from}) with `environment: {name}`, `needs: {previous_job}`, "
-                f"`concurrency: {{group: deploy-{name}, cancel-in-progress: false}}`, `-c env={name}` in its "
-                f"cdk deploy, and add '{name}' to on.workflow_dispatch.inputs.environment.options"
-            )
-            continue
-        job_id = by_environment[name]
-        if job_id != deploy_job_id(name):
-            problems.append(f"job '{job_id}' deploys '{name}': rename it to '{deploy_job_id(name)}'")
-        if index and previous_job not in job_needs(jobs[job_id]):
+    for job_id, job in jobs.items():
+        environment = job_environment(job)
+        if environment is not None and environment != MATRIX_ENVIRONMENT:
             problems.append(
-                f"job '{job_id}' must have `needs: {previous_job}`: environments deploy in the order of "
-                f"environments.ENVIRONMENTS ({' -> '.join(names)})"
+                f"job '{job_id}' is bound to environment '{environment}' by name: deploy every environment with the "
+                f"matrix job 'deploy' (`environment: {MATRIX_ENVIRONMENT}`), so adding one needs no YAML"
             )
-        if index:
-            condition = str(jobs[job_id].get("if", ""))
-            for later in names[index:]:
-                if f"inputs.environment == '{later}'" not in condition:
-                    problems.append(
-                        f"job '{job_id}' does not run when '{later}' is dispatched: add "
-                        f"`|| inputs.environment == '{later}'` to its `if:`"
-                    )
-            if "github.event_name == 'push'" not in condition:
-                problems.append(f"job '{job_id}' must run on push: add `github.event_name == 'push' ||` to its `if:`")
-        problems += deploy_job_problems(job_id, jobs[job_id], name)
-
-    for environment, job_id in by_environment.items():
-        if environment not in names:
-            problems.append(
-                f"job '{job_id}' deploys environment '{environment}', which environments.py does not define: "
-                f"remove the job or add the environment to environments.ENVIRONMENTS"
-            )
-
-    dispatch = (workflow.get("on") or {}).get("workflow_dispatch") or {}
-    options = list(((dispatch.get("inputs") or {}).get("environment") or {}).get("options") or [])
-    if options != names:
+    lister = jobs.get("environments")
+    if lister is None or not any("environments.ENVIRONMENTS" in str(step.get("run", "")) for step in steps(lister)):
+        problems.append(f"{where}: add a job 'environments' reading environments.ENVIRONMENTS into its matrix output")
+    diff = jobs.get("diff")
+    if diff is None or not any("cdk diff TrainingStack" in str(s.get("run", "")) and "GITHUB_STEP_SUMMARY" in
+                               str(s.get("run", "")) for s in steps(diff)):
+        problems.append(f"{where}: add a job 'diff' writing `cdk diff TrainingStack` of each environment to the "
+                        "run's summary, so that a reviewer reads it before approving")
+    deploy = jobs.get("deploy")
+    if deploy is None:
+        return [*problems, f"{where}: add the matrix job 'deploy'"]
+    if not {"environments", "diff"} <= set(job_needs(deploy)):
+        problems.append("job 'deploy' must have `needs: [environments, diff]`: the diff is shown before any deploy")
+    strategy = deploy.get("strategy") or {}
+    if (strategy.get("matrix") or {}).get("environment") != MATRIX_EXPRESSION:
+        problems.append(f"job 'deploy' must take `strategy.matrix.environment: {MATRIX_EXPRESSION}`")
+    if strategy.get("max-parallel") != 1 or strategy.get("fail-fast") is not True:
         problems.append(
-            f"on.workflow_dispatch.inputs.environment.options is {options}: make it {names} (environments.py order)"
+            "job 'deploy' must set `max-parallel: 1` and `fail-fast: true`: environments deploy one at a time in "
+            "the order of environments.py, and a failure stops the later ones"
         )
-    return missing + problems
+    if job_environment(deploy) != MATRIX_ENVIRONMENT:
+        problems.append(f"job 'deploy' needs `environment: {MATRIX_ENVIRONMENT}` (each environment's gate and role)")
+    dispatch = (workflow.get("on") or {}).get("workflow_dispatch") or {}
+    choice = (dispatch.get("inputs") or {}).get("environment") or {}
+    if choice.get("type") != "string" or "options" in choice:
+        problems.append("on.workflow_dispatch.inputs.environment must be a string (checked against environments.py "
+                        "by the 'environments' job), not a list of options to keep in step")
+    return problems + deploy_job_problems("deploy", deploy, "${{ matrix.environment.name }}")
 
 
 def deploy_job_problems(job_id: str, job: Mapping[str, Any], environment: str) -> list[str]:
-    """One deploy job: OIDC only, least permissions, one deploy at a time, the right stack."""
+    """The deploy job: OIDC only, least permissions, one deploy at a time, the matrix's stack."""
     problems: list[str] = []
     permissions = job.get("permissions")
     if permissions != DEPLOY_JOB_PERMISSIONS:
@@ -161,6 +152,8 @@ def deploy_job_problems(job_id: str, job: Mapping[str, Any], environment: str) -
             f"job '{job_id}' must set `cancel-in-progress: false`: cancelling a CloudFormation deploy midway "
             f"leaves the stack rolling back"
         )
+    if (job.get("env") or {}).get("BTK_ENV") != environment:
+        problems.append(f"job '{job_id}' needs `env: {{BTK_ENV: {environment}}}` for its steps")
 
     job_steps = steps(job)
     credentials = [
@@ -183,17 +176,25 @@ def deploy_job_problems(job_id: str, job: Mapping[str, Any], environment: str) -
         if keys:
             problems.append(f"job '{job_id}' passes stored keys {keys}: remove them, OIDC needs none")
     if len(deploys) != 1:
-        problems.append(
-            f"job '{job_id}' needs exactly one step running `cdk deploy TrainingStack -c env={environment}`"
-        )
+        problems.append(f"job '{job_id}' needs exactly one step running `cdk deploy TrainingStack -c env=\"$BTK_ENV\"`")
     else:
         command = str(job_steps[deploys[0]]["run"])
-        for required in (f"-c env={environment} ", "--require-approval never"):
+        for required in ('-c env="$BTK_ENV" ', "--require-approval never"):
             if required not in command + " ":
                 problems.append(f"job '{job_id}': its cdk deploy must pass `{required.strip()}`")
         if credentials and deploys[0] < credentials[0]:
             problems.append(f"job '{job_id}' runs cdk deploy before it gets credentials: move the deploy after")
     return problems
+
+
+def environments_script(workflow: Mapping[str, Any]) -> str:
+    """The Python the ``environments`` job runs (its heredoc) to list the environments to deploy."""
+    for step in steps(workflow["jobs"]["environments"]):
+        text = str(step.get("run", ""))
+        if "<<'PY'" in text:
+            body = text.split("<<'PY'", 1)[1].split("\n", 1)[1]
+            return body.rsplit("PY", 1)[0]
+    raise AssertionError("the environments job runs no Python heredoc")
 
 
 def workflow_problems(name: str, workflow: Mapping[str, Any], text: str) -> list[str]:

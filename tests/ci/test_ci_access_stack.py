@@ -131,7 +131,10 @@ def test_no_two_deploy_roles_may_assume_the_same_bootstrap_role(template: dict[s
 def test_diff_role_trusts_pull_requests_and_only_reads_training_stack_templates(template: dict[str, Any]) -> None:
     logical_id, role = role_named(template, "btk-github-diff")
     (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
-    assert trust["Condition"]["StringEquals"][f"{OIDC}:sub"] == f"repo:{REPO}:pull_request"
+    # Pull requests, and the deploy workflow's diff on main (no GitHub Environment: shown before approval).
+    assert trust["Condition"]["StringEquals"][f"{OIDC}:sub"] == [
+        f"repo:{REPO}:pull_request", f"repo:{REPO}:ref:refs/heads/main"
+    ]
     assert "ManagedPolicyArns" not in role
     (policy,) = policies_of(template, logical_id)
     (statement,) = policy["PolicyDocument"]["Statement"]

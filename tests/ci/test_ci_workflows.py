@@ -1,9 +1,7 @@
-"""The GitHub Actions workflows: deploy chain per environment, OIDC, pins, PR synth/diff, actionlint.
+"""The GitHub Actions workflows: deploys derived from environments.py, OIDC, pins, PR synth/diff, actionlint.
 
-The deploy tests check ``.github/workflows/deploy.yml`` against ``environments.py``: that
-workflow is written for the shipped dev / staging / prod example, so they are checks of the
-shipped example, and a user who changes the environments updates the workflow with them
-(docs/ci.md). The checks workflow's environment matrix is derived from ``environments.py``.
+Both workflows read their environments from ``environments.py`` (an ``environments`` job whose
+output is the matrix): the tests run that job's Python on a project with one more environment.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,81 +36,73 @@ def _qa() -> EnvironmentConfig:
                              capacity=OnDemandCapacity())
 
 
-# --- the deploy workflow against environments.py -------------------------------------------
+# --- the deploy workflow: derived from environments.py ------------------------------------
 
 
-def test_every_environment_has_a_chained_oidc_deploy_job(deploy: dict[str, Any]) -> None:
-    assert rules.deploy_workflow_problems(deploy, environments.ENVIRONMENTS) == []
+def test_the_deploy_workflow_is_one_matrix_over_environments_py(deploy: dict[str, Any]) -> None:
+    assert rules.deploy_workflow_problems(deploy) == []
+    assert [job_id for job_id in deploy["jobs"] if job_id.startswith("deploy-")] == []
 
 
-def test_deploys_follow_the_order_of_environments(deploy: dict[str, Any]) -> None:
-    jobs = deploy["jobs"]
+def run_environments_job(deploy: dict[str, Any], environments_py: str, tmp_path: Path, chosen: str = "") -> Any:
+    """The 'environments' job's Python on a project whose environments.py is ``environments_py``."""
+    (tmp_path / "environments.py").write_text(environments_py)
+    output = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", rules.environments_script(deploy)],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{rules.REPO_ROOT}", "CHOSEN": chosen,
+             "GITHUB_OUTPUT": str(output)},
+    )
+    if result.returncode:
+        return result.stderr
+    key, _, value = result.stdout.strip().partition("=")
+    assert key == "matrix"
+    return json.loads(value)
+
+
+QA_ENVIRONMENTS = """
+import environments_base
+from btk.environment import EnvironmentConfig, OnDemandCapacity
+QA = EnvironmentConfig(name="qa", availability_zone="us-east-1a", profiles=environments_base.ENVIRONMENTS[0].profiles,
+                       capacity=OnDemandCapacity())
+ENVIRONMENTS = (*environments_base.ENVIRONMENTS, QA)
+"""
+
+
+def test_a_new_environment_is_deployed_with_no_yaml_copied(deploy: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "environments_base.py").write_text((rules.REPO_ROOT / "environments.py").read_text())
+    rows = run_environments_job(deploy, QA_ENVIRONMENTS, tmp_path)
     names = [env.name for env in environments.ENVIRONMENTS]
-    for previous, name in zip(["test", *(f"deploy-{n}" for n in names)], names, strict=False):
-        assert rules.job_needs(jobs[f"deploy-{name}"]) == [previous]
-        assert rules.job_environment(jobs[f"deploy-{name}"]) == name
+    assert [row["name"] for row in rows] == [*names, "qa"]
+    assert rows[-1] == {"name": "qa", "region": "us-east-1", "diff_role_variable": "QA_DIFF_ROLE_ARN"}
+    # A manual run deploys up to and including the named environment, in order.
+    first_two = run_environments_job(deploy, QA_ENVIRONMENTS, tmp_path, chosen=names[min(1, len(names) - 1)])
+    assert [row["name"] for row in first_two] == names[: min(2, len(names))]
+    assert "is not in environments.py" in run_environments_job(deploy, QA_ENVIRONMENTS, tmp_path, chosen="nope")
 
 
-@pytest.mark.parametrize("name", [env.name for env in environments.ENVIRONMENTS])
-def test_each_deploy_job_uses_oidc_and_one_deploy_at_a_time(deploy: dict[str, Any], name: str) -> None:
-    job = deploy["jobs"][f"deploy-{name}"]
-    assert job["permissions"] == {"id-token": "write", "contents": "read"}
-    assert job["concurrency"] == {"group": f"deploy-{name}", "cancel-in-progress": False}
-    credentials = [s for s in job["steps"] if s.get("uses", "").startswith(rules.CONFIGURE_AWS_CREDENTIALS)]
-    assert [s["with"]["role-to-assume"] for s in credentials] == ["${{ vars.DEPLOY_ROLE_ARN }}"]
-    assert not any(rules.LONG_LIVED_KEYS.fullmatch(key) for key in credentials[0]["with"])
-    (deploy_step,) = [s for s in job["steps"] if "cdk deploy" in s.get("run", "")]
-    assert f"cdk deploy TrainingStack -c env={name} " in deploy_step["run"]
-    assert "--require-approval never" in deploy_step["run"]
-
-
-def test_pushes_deploy_everything_and_dispatch_deploys_up_to_the_choice(deploy: dict[str, Any]) -> None:
+def test_pushes_deploy_everything_in_order_after_a_diff_of_each(deploy: dict[str, Any]) -> None:
     assert deploy["on"]["push"] == {"branches": ["main"]}
-    choice = deploy["on"]["workflow_dispatch"]["inputs"]["environment"]
-    assert choice["type"] == "choice"
-    assert choice["options"] == [env.name for env in environments.ENVIRONMENTS]
+    assert deploy["on"]["workflow_dispatch"]["inputs"]["environment"]["type"] == "string"
     jobs = deploy["jobs"]
-    first, *_, last = [env.name for env in environments.ENVIRONMENTS]
-    assert "if" not in jobs[f"deploy-{first}"]
-    assert jobs[f"deploy-{last}"]["if"] == f"github.event_name == 'push' || inputs.environment == '{last}'"
+    assert rules.job_needs(jobs["environments"]) == ["test"]
+    assert rules.job_needs(jobs["diff"]) == ["environments"]
+    assert rules.job_needs(jobs["deploy"]) == ["environments", "diff"]
+    assert jobs["deploy"]["strategy"]["max-parallel"] == 1 and jobs["deploy"]["strategy"]["fail-fast"] is True
     guard = jobs["test"]["steps"][0]
     assert guard["if"] == "github.ref != 'refs/heads/main'" and "exit 1" in guard["run"]
-
-
-def test_an_environment_without_a_deploy_job_fails_with_what_to_add(
-    deploy: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    names = [env.name for env in environments.ENVIRONMENTS]
-    monkeypatch.setattr(environments, "ENVIRONMENTS", (*environments.ENVIRONMENTS, _qa()))
-    problems = rules.deploy_workflow_problems(deploy, environments.ENVIRONMENTS)
-    assert problems, "a missing deploy job must be reported"
-    missing = problems[0]
-    assert "environment 'qa' from environments.py has no deploy job in .github/workflows/deploy.yml" in missing
-    for what_to_add in (
-        "add a job 'deploy-qa'", f"copy deploy-{names[-1]}", "`environment: qa`", f"`needs: deploy-{names[-1]}`",
-        "group: deploy-qa", "`-c env=qa`", "add 'qa' to on.workflow_dispatch.inputs.environment.options",
-    ):
-        assert what_to_add in missing
-    assert any(f"options is {names}: make it {[*names, 'qa']}" in p for p in problems)
-
-
-def test_a_deploy_job_for_an_unknown_environment_is_reported(deploy: dict[str, Any]) -> None:
-    *kept, dropped = environments.ENVIRONMENTS
-    problems = rules.deploy_workflow_problems(deploy, tuple(kept))
-    name = dropped.name
-    assert any(f"job 'deploy-{name}' deploys environment '{name}', which environments.py does not define" in p
-               for p in problems)
 
 
 def _broken(deploy: dict[str, Any], job: str, change: Any) -> list[str]:
     workflow = copy.deepcopy(deploy)
     change(workflow["jobs"][job])
-    return rules.deploy_workflow_problems(workflow, environments.ENVIRONMENTS)
+    return rules.deploy_workflow_problems(workflow)
 
 
-def test_rules_catch_a_broken_chain_permissions_concurrency_and_keys(deploy: dict[str, Any]) -> None:
-    def skip_staging(job: dict[str, Any]) -> None:
-        job["needs"] = "deploy-dev"
+def test_rules_catch_parallel_deploys_permissions_concurrency_keys_and_named_jobs(deploy: dict[str, Any]) -> None:
+    def parallel(job: dict[str, Any]) -> None:
+        job["strategy"]["max-parallel"] = 3
 
     def no_oidc(job: dict[str, Any]) -> None:
         job["permissions"] = {"contents": "read"}
@@ -126,17 +117,19 @@ def test_rules_catch_a_broken_chain_permissions_concurrency_and_keys(deploy: dic
         step = next(s for s in job["steps"] if s.get("uses", "").startswith(rules.CONFIGURE_AWS_CREDENTIALS))
         step["with"]["aws-access-key-id"] = "${{ secrets.KEY }}"
 
-    def wrong_env(job: dict[str, Any]) -> None:
-        step = next(s for s in job["steps"] if "cdk deploy" in s.get("run", ""))
-        step["run"] = step["run"].replace("-c env=prod", "-c env=staging")
+    def no_diff_first(job: dict[str, Any]) -> None:
+        job["needs"] = ["environments"]
 
-    chain = _broken(deploy, "deploy-prod", skip_staging)
-    assert any("'deploy-prod' must have `needs: deploy-staging`" in p for p in chain)
-    assert any("set exactly `permissions: {id-token: write" in p for p in _broken(deploy, "deploy-prod", no_oidc))
-    assert any("needs `concurrency: {group: deploy-prod" in p for p in _broken(deploy, "deploy-prod", no_concurrency))
-    assert any("`cancel-in-progress: false`" in p for p in _broken(deploy, "deploy-prod", cancels))
-    assert any("passes stored keys ['aws-access-key-id']" in p for p in _broken(deploy, "deploy-prod", stored_keys))
-    assert any("must pass `-c env=prod`" in p for p in _broken(deploy, "deploy-prod", wrong_env))
+    assert any("`max-parallel: 1`" in p for p in _broken(deploy, "deploy", parallel))
+    assert any("set exactly `permissions: {id-token: write" in p for p in _broken(deploy, "deploy", no_oidc))
+    assert any("needs `concurrency: {group: deploy-" in p for p in _broken(deploy, "deploy", no_concurrency))
+    assert any("`cancel-in-progress: false`" in p for p in _broken(deploy, "deploy", cancels))
+    assert any("passes stored keys ['aws-access-key-id']" in p for p in _broken(deploy, "deploy", stored_keys))
+    assert any("the diff is shown before any deploy" in p for p in _broken(deploy, "deploy", no_diff_first))
+    named = copy.deepcopy(deploy)
+    named["jobs"]["deploy-prod"] = {**named["jobs"]["deploy"], "environment": "prod"}
+    assert any("job 'deploy-prod' is bound to environment 'prod' by name" in p
+               for p in rules.deploy_workflow_problems(named))
 
 
 # --- rules for every workflow --------------------------------------------------------------
