@@ -9,10 +9,14 @@ its definition comes back (:func:`build_with_worker`).
 The worker only ever speeds a synth up: if it cannot start, dies, or its build fails, the
 definition is built in the app's own process, which then raises the error a user should see.
 Protocol, on the worker's stdin and a duplicate of its original stdout (its ``sys.stdout``
-goes to stderr, so nothing the SDK prints can corrupt it): length-prefixed pickles, a
-:class:`~training_constructs.pipeline_definition.PipelineSpec` in, ``("ok", definition)`` or
-``("error", message)`` out; or a region name in (:func:`prepare`: set up that region's
-offline SDK session now, about 0.15 s the first build would otherwise wait), nothing out.
+goes to stderr, so nothing the SDK prints can corrupt it): length-prefixed pickles, a spec in,
+``("ok", definition)`` or ``("error", message)`` out; or a region name in (:func:`prepare`: set
+up that region's offline SDK session now, about 0.15 s the first build would otherwise wait),
+nothing out.
+
+Imports run one way: the builder (:mod:`training_constructs.pipeline_definition`) uses this
+module and hands itself to :func:`serve` in the worker process (as a :class:`Builder`); this
+module imports no builder, it names the worker's entry point (:data:`ENTRY`) only as text.
 """
 
 from __future__ import annotations
@@ -25,12 +29,26 @@ import pickle
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 _HEADER = struct.Struct(">I")
 _ROOT = Path(__file__).resolve().parent.parent
+#: ``module:function`` the worker process runs: it imports the builder and calls :func:`serve` with it.
+ENTRY = "training_constructs.pipeline_definition:serve_definitions"
+
+
+class Builder(Protocol):
+    """What :func:`serve` needs of the definition builder."""
+
+    SDK_MODULES: Sequence[str]
+
+    def offline_sdk_environment(self, region: str | None) -> None: ...
+
+    def prepare_offline_session(self, region: str) -> None: ...
+
+    def build_with_sdk(self, spec: Any) -> str: ...
 
 
 def _send(stream: IO[bytes], payload: object) -> None:
@@ -53,10 +71,11 @@ def _receive(stream: IO[bytes]) -> Any:
 class DefinitionWorker:
     """The worker process, started at once; :meth:`build` returns None whenever it cannot help."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry: str = ENTRY) -> None:
+        module, function = entry.split(":")
         self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
             [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(_ROOT)!r}); "
-             "from training_constructs.definition_worker import serve; serve()"],
+             f"from {module} import {function}; {function}()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=_ROOT,
         )
 
@@ -132,7 +151,7 @@ def build_with_worker(spec: object, build: Callable[[Any], str]) -> str:
     return definition if definition is not None else build(spec)
 
 
-def serve() -> None:
+def serve(builder: Builder) -> None:
     """The worker's loop: import the SDK, then build each spec received until stdin closes."""
     # Importing the SDK leaves about 300,000 objects for the cyclic garbage collector to track
     # (thousands of pydantic model classes among them); the collections their allocation sets
@@ -143,12 +162,11 @@ def serve() -> None:
         os.nice(10)  # the app's own process and the jsii kernel come first; this uses an idle core
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever the SDK prints goes to stderr
-    from training_constructs import pipeline_definition
 
     # Before the imports: some SDK modules create boto3 clients at import time (no instance
     # metadata lookups, no role validation, quiet loggers), as the in-process build does.
-    pipeline_definition.offline_sdk_environment(None)
-    for module in pipeline_definition.SDK_MODULES:
+    builder.offline_sdk_environment(None)
+    for module in builder.SDK_MODULES:
         try:
             importlib.import_module(module)
         except Exception:  # the build below reports it, and the app then builds itself
@@ -162,10 +180,10 @@ def serve() -> None:
             os._exit(0)  # nothing to tear down that anyone waits for
         if isinstance(spec, str):  # a region to prepare (see prepare): a failure shows at the build
             with contextlib.suppress(Exception):
-                pipeline_definition.prepare_offline_session(spec)
+                builder.prepare_offline_session(spec)
             continue
         try:
-            reply: tuple[str, str] = ("ok", pipeline_definition.build_with_sdk(spec))
+            reply: tuple[str, str] = ("ok", builder.build_with_sdk(spec))
         except Exception as error:  # any failure: the app builds in-process and reports it
             reply = ("error", f"{type(error).__name__}: {error}")
         _send(replies, reply)

@@ -43,6 +43,7 @@ import functools
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ from btk.naming import (
 )
 from btk.profile import ModelProfile
 from training_constructs.definition_cache import cached_definition
-from training_constructs.definition_worker import build_with_worker
+from training_constructs.definition_worker import build_with_worker, serve
 from training_constructs.locations import FileSystemLocation
 
 PARAM_INSTANCE_COUNT = "InstanceCount"
@@ -285,6 +286,11 @@ SDK_MODULES = (
     "sagemaker.mlops.workflow.retry",
     "sagemaker.train",
 )
+
+
+def serve_definitions() -> None:
+    """The definition worker's entry point (``definition_worker.ENTRY``): serve this module's builds."""
+    serve(sys.modules[__name__])  # a module satisfies the Builder protocol
 
 
 def prepare_offline_session(region: str) -> None:

@@ -112,3 +112,26 @@ def test_a_prepared_session_validated_the_sdk_config_once(monkeypatch: pytest.Mo
     monkeypatch.setattr(jsonschema, "validate", recording_validate)
     pipeline_definition.prepare_offline_session("eu-north-1")  # a region no other test prepares
     assert [config is pipeline_definition._SDK_CONFIG for config in validated] == [True]
+
+
+def test_imports_run_one_way_from_the_builder_to_the_worker() -> None:
+    """pipeline_definition imports definition_worker; the worker imports no builder (it names its
+    entry point as text and is handed the builder in the worker process)."""
+    import ast
+    from pathlib import Path
+
+    def imported(module: object) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())  # type: ignore[attr-defined]
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        return names
+
+    from training_constructs import pipeline_definition
+
+    assert "training_constructs.definition_worker" in imported(pipeline_definition)
+    assert not {name for name in imported(definition_worker) if name.startswith("training_constructs")}
+    assert definition_worker.ENTRY == "training_constructs.pipeline_definition:serve_definitions"
