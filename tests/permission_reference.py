@@ -150,11 +150,14 @@ def sagemaker_operations() -> dict[str, str]:
 
 
 def _functions(path: Path) -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(path.read_text())
-    return {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    """The functions of a module, or of every module of a package (a directory)."""
+    files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    return {node.name: node for file in files for node in ast.walk(ast.parse(file.read_text()))
+            if isinstance(node, ast.FunctionDef)}
 
 
-CAPACITY = Path(capacity.__file__)
+#: The ``btk.capacity`` package: its modules call each other's functions by name.
+CAPACITY = Path(capacity.__file__).parent
 HANDLER = REPO / "training_constructs" / "lambda" / "training_plan" / "index.py"
 CLI_CAPACITY = REPO / "btk" / "cli" / "capacity.py"
 

@@ -13,7 +13,7 @@ Per ``EnvironmentConfig.capacity``:
   CloudFormation waits for a custom resource.
 
 The handlers (``lambda/training_plan/index.py``) run under the CDK ``Provider`` framework. Their
-asset is bundled locally (no Docker) with a copy of ``btk/capacity.py``, the one source of the
+asset is bundled locally (no Docker) with a copy of the ``btk/capacity`` package, the one source of the
 training-plan rules shared with ``btk capacity``.
 """
 
@@ -57,7 +57,8 @@ from training_constructs.removal import data_removal_policy
 from training_constructs.retention import RETENTION_DAYS
 
 HANDLER_DIR = Path(__file__).parent / "lambda" / "training_plan"
-CAPACITY_MODULE = Path(capacity.__file__)
+#: The ``btk.capacity`` package, bundled byte for byte with the handler.
+CAPACITY_PACKAGE = Path(capacity.__file__).parent
 #: The latest Python runtime aws-cdk-lib 2.275 knows.
 HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: One search, one list and one purchase (onEvent), or one describe (isComplete), with botocore's retries.
@@ -91,7 +92,7 @@ DEFAULT_WAIT_TIMEOUT = Duration.minutes(55)
 
 @jsii.implements(ILocalBundling)
 class _CapacityBundle:
-    """Local bundling: the handler directory plus ``btk/capacity.py`` as package ``btk``."""
+    """Local bundling: the handler directory plus the ``btk.capacity`` package under a bare ``btk``."""
 
     def try_bundle(self, output_dir: str, *args: Any, **kwargs: Any) -> bool:
         output = Path(output_dir)
@@ -100,12 +101,14 @@ class _CapacityBundle:
         package = output / "btk"
         package.mkdir(exist_ok=True)
         (package / "__init__.py").write_text('"""btk.capacity only (bundled for the training-plan handler)."""\n')
-        shutil.copyfile(CAPACITY_MODULE, package / "capacity.py")
+        (package / "capacity").mkdir(exist_ok=True)
+        for source in sorted(CAPACITY_PACKAGE.glob("*.py")):
+            shutil.copyfile(source, package / "capacity" / source.name)
         return True
 
 
 def handler_code() -> lambda_.Code:
-    """The handler asset; hashed on its bundled output, so a change to btk/capacity.py redeploys."""
+    """The handler asset; hashed on its bundled output, so a change to btk/capacity/ redeploys."""
     return lambda_.Code.from_asset(
         str(HANDLER_DIR),
         asset_hash_type=AssetHashType.OUTPUT,

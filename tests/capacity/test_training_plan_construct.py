@@ -144,7 +144,7 @@ def test_plan_actions_are_the_sagemaker_operations_btk_capacity_calls() -> None:
     derives those from AWS's Service Authorization Reference), and nothing else."""
     import re
 
-    source = Path(capacity.__file__).read_text()
+    source = "\n".join(path.read_text() for path in sorted(Path(capacity.__file__).parent.glob("*.py")))
     operations = set(re.findall(r'_call\(client, "(\w+)"', source)) | set(re.findall(r"client\.(\w+)\(", source))
     called = {"sagemaker:" + "".join(part.capitalize() for part in name.split("_")) for name in operations}
     assert called == set(PLAN_ACTIONS) - {RESERVED_CAPACITY_ACTION, TAG_ACTION} == {
@@ -260,14 +260,17 @@ def handler_asset(synth: Synth) -> Path:
     return synth.outdir / f"asset.{asset_hash}"
 
 
-def test_bundled_asset_holds_the_handler_and_the_single_capacity_module(reserve: Synth) -> None:
+def test_bundled_asset_holds_the_handler_and_a_byte_identical_capacity_package(reserve: Synth) -> None:
     asset = handler_asset(reserve)
+    package = Path(capacity.__file__).parent
+    modules = sorted(path.name for path in package.glob("*.py"))
     assert sorted(str(p.relative_to(asset)) for p in asset.rglob("*.py")) == [
         "btk/__init__.py",
-        "btk/capacity.py",
+        *(f"btk/capacity/{name}" for name in modules),
         "index.py",
     ]
-    assert (asset / "btk" / "capacity.py").read_bytes() == Path(capacity.__file__).read_bytes()
+    for name in modules:
+        assert (asset / "btk" / "capacity" / name).read_bytes() == (package / name).read_bytes(), name
 
 
 def test_bundled_handler_imports_without_pydantic_or_the_rest_of_btk(reserve: Synth) -> None:
@@ -283,7 +286,10 @@ def test_bundled_handler_imports_without_pydantic_or_the_rest_of_btk(reserve: Sy
     result = json.loads(output)
     assert result["capacity"].startswith(str(asset))
     assert result["pydantic"] is False
-    assert result["btk"] == ["btk", "btk.capacity"]
+    assert result["btk"] == ["btk", "btk.capacity"] + [
+        f"btk.capacity.{path.stem}" for path in sorted(Path(capacity.__file__).parent.glob("*.py"))
+        if path.stem != "__init__"
+    ]
 
 
 def test_synth_is_deterministic(tmp_path: Path, reserve: Synth) -> None:

@@ -1,6 +1,6 @@
 """Custom-resource handlers (CDK Provider framework ``onEvent`` and ``isComplete``) for a SageMaker training plan.
 
-The asset holds this file plus a copy of ``btk/capacity.py`` (bundled at synth by
+The asset holds this file plus a copy of the ``btk/capacity`` package (bundled at synth by
 ``training_constructs/training_plan.py``), so all training-plan logic has one source; this
 module only maps CloudFormation lifecycle events onto it:
 
