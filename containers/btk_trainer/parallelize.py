@@ -351,10 +351,11 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
         )
 
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
-        if tp_mesh.device_type != "cuda":
+        if dist.get_backend(tp_mesh.get_group()) == "gloo":
             # Sequence parallelism moves float8 tensors through collectives (the inputs gathered
             # in float8, the row-parallel outputs' float8 gradients in backward), which gloo
-            # cannot carry: on CPU, float8 TP keeps plain TP's all-reduces.
+            # cannot carry: on gloo (CPU tests), float8 TP keeps plain TP's all-reduces. NCCL and
+            # the dry run's fake process group (btk_trainer.dryrun) take the GPU's path.
             _apply_plain_tensor_parallel(model, tp_mesh, colwise, rowwise)
             return
     elif problem := knob_combination_problem(precision, tp):
