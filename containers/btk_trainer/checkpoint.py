@@ -11,7 +11,8 @@ to S3 and restores on restart)::
     .step_00000130.tmp/       being written (or left by a crash): ignored, cleaned up
 
 Protocol: every rank writes into the hidden temp directory and hashes the files it wrote
-(while they are still in the page cache); the ranks exchange those entries, then global
+(while they are still in the page cache; for a background save in the background, see
+:meth:`Checkpointer.save`); the ranks exchange those entries, then global
 rank 0 writes ``MANIFEST.json``, then ``COMPLETE`` (holding the manifest's own SHA-256), and
 renames the directory to ``step_XXXXXXXX`` (a rename is atomic on one file system); after a
 barrier the local rank 0 of every other node does the same if its temp directory still
@@ -56,6 +57,7 @@ import pickle
 import re
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -195,10 +197,11 @@ def _attempt(action: Callable[[], object]) -> str | None:
     return None
 
 
-def _agree(finding: str | None) -> str | None:
-    """The first (lowest-rank) finding of all ranks, the same on every rank; collective (it is also a barrier)."""
+def _agree(finding: str | None, group: Any = None) -> str | None:
+    """The first (lowest-rank) finding of all ranks, the same on every rank; collective over ``group`` (all ranks;
+    default: the default group), also a barrier."""
     findings: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(findings, finding)
+    dist.all_gather_object(findings, finding, group=group)
     return next((found for found in findings if found), None)
 
 
@@ -223,9 +226,9 @@ def _not_written(root: Path, step: int, cause: str, *, local_rank: int) -> BtkEr
     )
 
 
-def _check(root: Path, step: int, finding: str | None, *, local_rank: int) -> None:
-    """Agree on this save step's findings; any rank's is every rank's :class:`BtkError`."""
-    agreed = _agree(finding)
+def _check(root: Path, step: int, finding: str | None, *, local_rank: int, group: Any = None) -> None:
+    """Agree on this save step's findings (over ``group``); any rank's is every rank's :class:`BtkError`."""
+    agreed = _agree(finding, group)
     if agreed is not None:
         raise _not_written(root, step, agreed, local_rank=local_rank)
 
@@ -334,10 +337,14 @@ def save(
 
 
 class PendingSave:
-    """A checkpoint whose DCP files are being written in the background (:meth:`Checkpointer.save`)."""
+    """A checkpoint being staged and written in the background (:meth:`Checkpointer.save`).
 
-    def __init__(self, root: Path, step: int, future: Any) -> None:
-        self.root, self.step, self.future = root, step, future
+    ``staged``: done once the state is copied to host memory (None: nothing left to wait for);
+    ``finished``: done once the checkpoint is complete (manifest, marker, rename), or failed.
+    """
+
+    def __init__(self, step: int, staged: Future[None] | None, finished: Future[Path]) -> None:
+        self.step, self.staged, self.finished = step, staged, finished
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]) -> dict[str, Any]:
@@ -364,8 +371,9 @@ def _start(root: Path, step: int, local_rank: int) -> Path:
     return temporary
 
 
-def _complete(root: Path, step: int, *, local_rank: int, keep: int) -> Path:
-    """After every rank's DCP files landed: manifest, marker, rename, prune (see the module docstring); collective."""
+def _complete(root: Path, step: int, *, local_rank: int, keep: int, group: Any = None) -> Path:
+    """After every rank's DCP files landed: manifest, marker, rename, prune (see the module docstring); collective
+    over ``group`` (all ranks; the background writer's own group for a background save)."""
     rank = dist.get_rank()
     final = root / step_dir_name(step)
     temporary = _temporary(root, step)
@@ -375,8 +383,9 @@ def _complete(root: Path, step: int, *, local_rank: int, keep: int) -> Path:
     except OSError as error:
         described = f"{_cause(error)} (rank {rank})"
     entries: list[dict[str, dict[str, Any]] | str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, described)  # also the barrier
-    _check(root, step, next((entry for entry in entries if isinstance(entry, str)), None), local_rank=local_rank)
+    dist.all_gather_object(entries, described, group=group)  # also the barrier
+    _check(root, step, next((entry for entry in entries if isinstance(entry, str)), None), local_rank=local_rank,
+           group=group)
     files = {name: entry for part in entries if isinstance(part, dict) for name, entry in part.items()}
     manifest = json.dumps({"step": step, "files": files}, indent=1, sort_keys=True) + "\n"
 
@@ -386,9 +395,9 @@ def _complete(root: Path, step: int, *, local_rank: int, keep: int) -> Path:
             _prune(root, keep)
         return finding
 
-    _check(root, step, finish() if rank == 0 else None, local_rank=local_rank)
+    _check(root, step, finish() if rank == 0 else None, local_rank=local_rank, group=group)
     node_local = local_rank == 0 and rank != 0 and temporary.is_dir()  # this node's own directory is still there
-    _check(root, step, finish() if node_local else None, local_rank=local_rank)
+    _check(root, step, finish() if node_local else None, local_rank=local_rank, group=group)
     return final
 
 
@@ -520,6 +529,7 @@ class Checkpointer:
         self.asynchronous = root is not None and asynchronous
         self._group: Any = None  # background writes' process group, made at the first one (see save)
         self._stager: Any = None
+        self._finisher: ThreadPoolExecutor | None = None  # completes background saves (hash, manifest, rename)
         self._pending: PendingSave | None = None
 
     def should_save(self, step: int, *, stop_requested: bool) -> bool:
@@ -534,12 +544,15 @@ class Checkpointer:
     def save(self, *, blocking: bool = True) -> None:
         """Checkpoint the current :attr:`state`; collective over all ranks.
 
-        ``blocking=False`` (and ``asynchronous``): the state is copied to host memory (pinned on
-        CUDA) and DCP writes the files in a background thread (``async_save``, torchtitan's
-        ``async_mode``); the manifest, the marker and the rename follow in :meth:`wait`, called
-        at the next save and at the end of the run, so a checkpoint costs the loop a copy, not a
-        write. ``blocking`` (stops: SIGTERM, the capacity deadline) waits for any background
-        write, then writes this one before returning.
+        ``blocking=False`` (and ``asynchronous``), as torchtitan's ``async_mode="async_with_pinned_mem"``:
+        the loop pays for the temp directory and the RNG files only. DCP's ``async_save`` copies
+        the state to host memory (pinned on CUDA) in a staging thread while the next steps run
+        (:meth:`wait_for_staging` holds the next optimizer step until the copy is done), then writes
+        the files in its writer thread; this checkpointer's own background thread then hashes this
+        rank's files and completes the checkpoint (manifest, marker, rename, pruning) with the
+        other ranks over the background writes' process group. :meth:`wait` (the next save, the end
+        of the run) only collects the outcome. ``blocking`` (stops: SIGTERM, the capacity deadline)
+        waits for any background save, then writes this one before returning.
         """
         if self.root is None:
             raise RuntimeError("no checkpoint directory to save into")
@@ -550,45 +563,68 @@ class Checkpointer:
                  local_rank=self.local_rank, keep=self.keep)
             self.last_saved = step
             return
-        from torch.distributed.checkpoint.state_dict_saver import async_save
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
         if self._group is None:
             # Background writes run their collectives on a group of their own (gloo: DCP's async save needs
             # a CPU backend), so they never interleave with the training loop's on the default group.
             self._group = dist.new_group(backend="gloo")
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="btk-checkpoint")
         temporary = _start(self.root, step, self.local_rank)
-        future = async_save(_state(self.model, self.optimizer, trainer_state), checkpoint_id=str(temporary),
-                            process_group=self._group, async_stager=self._staging())
-        self._pending = PendingSave(self.root, step, future)
-        self.last_saved = step  # should_save: never twice for one step; the write completes in wait()
+        if torch.cuda.is_available():
+            # The staging stream copies without waiting for the training stream: the step's update must be done.
+            torch.cuda.current_stream().synchronize()
+        response = async_save(_state(self.model, self.optimizer, trainer_state), checkpoint_id=str(temporary),
+                              process_group=self._group, async_stager=self._staging())
+        staged, written = ((response.staging_completion, response.upload_completion)
+                           if isinstance(response, AsyncSaveResponse) else (None, response))
+        assert self._finisher is not None
+        self._pending = PendingSave(step, staged, self._finisher.submit(self._finish, self.root, step, written))
+        self.last_saved = step  # should_save: never twice for one step; the write completes in the background
+
+    def _finish(self, root: Path, step: int, written: Future[Any]) -> Path:
+        """The background thread's part of a save: wait for DCP's files, then hash and complete; collective over
+        the background group, so every rank raises the same :class:`BtkError` (collected by :meth:`wait`)."""
+        try:
+            written.result()
+        except CheckpointException as error:  # raised on every rank when any rank's background write failed
+            raise _not_written(root, step, _cause(error), local_rank=self.local_rank) from None
+        return _complete(root, step, local_rank=self.local_rank, keep=self.keep, group=self._group)
 
     def _staging(self) -> Any:
-        """One stager for the run: its host buffers (pinned on CUDA) are reused by every save."""
+        """One stager for the run: its host buffers (pinned on CUDA) are reused by every save, copies run in a
+        staging thread (on CUDA on a stream of their own, non-blocking), as torchtitan's pinned-memory async mode."""
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._stager is None:
+            cuda = torch.cuda.is_available()
             self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=False))
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda))
         return self._stager
 
+    def wait_for_staging(self) -> None:
+        """Return once a background save's copy of the state is complete: before anything changes the state
+        (the optimizer step)."""
+        pending = self._pending
+        if pending is not None and pending.staged is not None:
+            pending.staged.result()
+            pending.staged = None
+
     def wait(self) -> None:
-        """Finish a background save: wait for its files, then manifest, marker, rename and pruning; collective."""
+        """Finish a background save: its outcome, raised here when it failed on any rank; collective."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        try:
-            pending.future.result()
-        except CheckpointException as error:  # raised on every rank when any rank's background write failed
-            raise _not_written(pending.root, pending.step, _cause(error), local_rank=self.local_rank) from None
-        _complete(pending.root, pending.step, local_rank=self.local_rank, keep=self.keep)
+        if pending is not None:
+            pending.finished.result()
 
     def close(self) -> None:
-        """Finish any background save and release the staging buffers; collective."""
+        """Finish any background save and release the staging buffers and threads; collective."""
         self.wait()
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._finisher is not None:
+            self._finisher.shutdown()
+            self._finisher = None
 
     def resume(self) -> Path | None:
         """Load the newest checkpoint complete on every rank into model, optimizer and :attr:`state`.

@@ -571,14 +571,16 @@ class Trainer:
         """Checkpoint the current state; rank 0 says how long the loop was held (stops have a deadline).
 
         ``blocking`` (a stop: SIGTERM or the capacity deadline) writes it before returning;
-        otherwise the loop pays for a copy of the state and the write runs in the background.
+        otherwise the loop pays for the temp directory and the RNG files: the copy of the state, the
+        write and the hashing run in the background (:meth:`Checkpointer.save`).
         """
         started = time.perf_counter()
         with self.window.paused():  # tokens/s counts training time only
             self.checkpointer.save(blocking=blocking)
         self.phases.add("checkpoint", time.perf_counter() - started)
         if self.is_logger:
-            how = "written" if blocking or not self.checkpointer.asynchronous else "staged (written in the background)"
+            how = ("written" if blocking or not self.checkpointer.asynchronous
+                   else "handed to the background (staged and written while training goes on)")
             print(f"btk: checkpoint step {self.state.step} {how} in {time.perf_counter() - started:.1f} s",
                   flush=True)
 
@@ -622,6 +624,8 @@ class Trainer:
         with self.phases.phase("communication"):
             grad_norm = clip_grad_norm(list(self.model.parameters()), intent.max_grad_norm)
             skipped = self.nonfinite_on_any_rank(loss_sum, grad_norm)
+        with self.phases.phase("checkpoint"):
+            self.checkpointer.wait_for_staging()  # a background save's copy of the weights is complete
         with self.phases.phase("optimizer"):
             optimizer = cast(Any, self.optimizer)
             optimizer.found_inf = skipped  # read by the fused AdamW kernel: 1 skips the whole update

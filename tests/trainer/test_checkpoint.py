@@ -383,3 +383,55 @@ def test_a_full_disk_on_one_of_two_ranks_is_every_ranks_one_line(phase: str, tmp
     assert "(rank 1)" in outcomes[0] and "the last complete one, step_00000002, is kept" in outcomes[0]
     assert [step for step, _ in complete_checkpoints(root)] == [2]
     assert not (root / ".step_00000004.tmp").exists()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_background_save_holds_the_state_staged_and_hashes_off_the_training_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop gets control back while the files are still being written; the weights may change as soon as
+    the staging is complete (the next optimizer step waits for it) and the checkpoint still holds the staged
+    ones; every file is hashed by the checkpointer's background thread, none by the training thread."""
+    import threading
+    from contextlib import contextmanager
+
+    from btk_trainer import checkpoint
+    from torch.distributed.checkpoint import filesystem
+
+    dist.init_process_group("gloo")
+    create_stream = filesystem.FileSystem.create_stream
+    written = threading.Event()
+
+    @contextmanager
+    def slow(self: Any, path: Any, mode: str) -> Any:
+        with create_stream(self, path, mode) as stream:
+            if "w" in mode:
+                written.wait(timeout=30)  # writes wait until the test has changed the weights
+            yield stream
+
+    monkeypatch.setattr(filesystem.FileSystem, "create_stream", slow)
+    hashed_on: list[str] = []
+    sha256 = checkpoint._sha256
+
+    def recording(path: Path) -> str:
+        hashed_on.append(threading.current_thread().name)
+        return sha256(path)
+
+    monkeypatch.setattr(checkpoint, "_sha256", recording)
+    checkpointer = _checkpointer(tmp_path)
+    model = checkpointer.model
+    assert isinstance(model, torch.nn.Linear)
+    staged = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    checkpointer.state.step = 3
+    checkpointer.save(blocking=False)
+    checkpointer.wait_for_staging()
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the next optimizer step
+    assert not (tmp_path / step_dir_name(3)).exists()  # still being written
+    written.set()
+    checkpointer.close()
+    assert hashed_on and all(name.startswith("btk-checkpoint") for name in hashed_on)
+    assert verify_checkpoint(tmp_path / step_dir_name(3)) is None
+    fresh = _checkpointer(tmp_path)
+    assert fresh.resume() == tmp_path / step_dir_name(3)
+    assert _equal(fresh.model.state_dict(), staged)
