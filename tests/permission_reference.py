@@ -244,10 +244,32 @@ def template_principal(
     for resource in template["Resources"].values():
         if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in resource["Properties"].get("Roles", []):
             statements.extend(resource["Properties"]["PolicyDocument"]["Statement"])
-    resolved = cfn_fakes.resolve(template, statements, extra)
+    resolved = cfn_fakes.resolve(template, _bucket_arns(template, statements), {**FAKE_IDS, **extra})
     if "PermissionsBoundary" in role and boundary is None:
         raise AssertionError(f"{role_id} has a permissions boundary: pass its statements")
     return Principal(statements=resolved, boundary=boundary if "PermissionsBoundary" in role else None, name=role_id)
+
+
+#: Fake ids of resources cfn_fakes does not know, in the shape AWS gives them.
+FAKE_IDS: dict[tuple[str, str | None], str] = {("AWS::EC2::VPC", None): "vpc-0a1b2c3d4e5f60718"}
+
+
+def bucket_arn(logical_id: str) -> str:
+    """A bucket's fake ARN, named after its logical id (each bucket its own)."""
+    return f"arn:aws:s3:::{logical_id.lower()}"
+
+
+def _bucket_arns(template: dict[str, Any], node: Any) -> Any:
+    """``node`` with each bucket's ``Fn::GetAtt .Arn`` as :func:`bucket_arn` (cfn_fakes gives names only)."""
+    if isinstance(node, list):
+        return [_bucket_arns(template, item) for item in node]
+    if isinstance(node, dict):
+        target = node.get("Fn::GetAtt")
+        if set(node) == {"Fn::GetAtt"} and target[1] == "Arn" and \
+                template["Resources"].get(target[0], {}).get("Type") == "AWS::S3::Bucket":
+            return bucket_arn(target[0])
+        return {key: _bucket_arns(template, value) for key, value in node.items()}
+    return node
 
 
 def documented_principal(markdown: Path, sid: str) -> Principal:
@@ -393,6 +415,87 @@ def _walk_step_types(steps: list[dict[str, Any]]) -> set[str]:
     return types - {"Condition"}
 
 
+#: What SageMaker does with the execution role for a training job in a VPC, as AWS documents it
+#: (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-roles.html#sagemaker-roles-createtrainingjob-perms):
+#: ``service:Action`` -> what it acts on (resource types of the reference; ``None`` for none).
+EXECUTION_ROLE_CALLS: tuple[str, ...] = (
+    "cloudwatch:PutMetricData",
+    "logs:CreateLogGroup",
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "logs:DescribeLogStreams",
+    "ecr:GetAuthorizationToken",
+    "ecr:BatchCheckLayerAvailability",
+    "ecr:GetDownloadUrlForLayer",
+    "ecr:BatchGetImage",
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteNetworkInterfacePermission",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+)
+#: Dependent actions SageMaker's job calls do not need, with the reason.
+EXECUTION_WAIVERS = {
+    "ec2:CreateTags": "SageMaker creates the job's network interfaces untagged; its documented role policy has "
+    "no ec2:CreateTags (the page above)",
+}
+
+
+def execution_callers(template: dict[str, Any], env: Any, boundary: Sequence[Mapping[str, Any]] | None) -> list[Caller]:
+    """The execution role: the documented calls above, and the job's data: read the datasets prefix,
+    read and write checkpoints, write artifacts, all under the environment's key."""
+    from training_constructs.sagemaker_service import TRAINING_JOB_LOG_GROUP, TRAINING_METRIC_NAMESPACE
+
+    resources = template["Resources"]
+    buckets = {key: key for key, value in resources.items() if value["Type"] == "AWS::S3::Bucket"}
+
+    def bucket(fragment: str) -> str:
+        (found,) = [key for key in buckets if fragment in key]
+        return bucket_arn(found)
+
+    subnet = f"arn:aws:ec2:{REGION}:{ACCOUNT}:subnet/{cfn_fakes.FAKE_SUBNET}"
+    vpc = f"arn:aws:ec2:{REGION}:{ACCOUNT}:vpc/{FAKE_IDS[('AWS::EC2::VPC', None)]}"
+    group = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{TRAINING_JOB_LOG_GROUP}"
+    touched = {
+        "log-group": group,
+        "log-stream": f"{group}:log-stream:btk-{env.name}-job/algo-1",
+        "repository": f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/cdk-{env.bootstrap_qualifier}-container-assets-"
+        f"{ACCOUNT}-{REGION}",
+        "network-interface": f"arn:aws:ec2:{REGION}:{ACCOUNT}:network-interface/eni-0a1b2c3d4e5f60718",
+        "subnet": subnet,
+        "security-group": f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group/{cfn_fakes.FAKE_GROUP}",
+        "vpc": vpc,
+    }
+    context = {"cloudwatch:namespace": TRAINING_METRIC_NAMESPACE, "ec2:Subnet": subnet, "ec2:Vpc": vpc}
+    source = "SageMaker, for the training job"
+    calls = [Call(action, {k: v for k, v in touched.items() if k in privilege(action)["resource_types"]}, context,
+                  frozenset({"network-interface"}), EXECUTION_WAIVERS, source) for action in EXECUTION_ROLE_CALLS]
+    prefix = env.data_stage.datasets_prefix
+    key = {"key": cfn_fakes.FAKE_KEY_ARN}
+    calls += [
+        Call("s3:ListBucket", {"bucket": bucket("Datasets")}, {"s3:prefix": prefix}, source="the job's train channel"),
+        Call("s3:GetObject", {"object": f"{bucket('Datasets')}/{prefix}shard-00000.bin"}, source="the train channel"),
+        Call("kms:Decrypt", key, source="the job's encrypted data"),
+        Call("s3:PutObject", {"object": f"{bucket('Checkpoints')}/checkpoints/x/step-1/model.safetensors"},
+             source="SageMaker's checkpoint sync"),
+        Call("s3:GetObject", {"object": f"{bucket('Checkpoints')}/checkpoints/x/step-1/model.safetensors"},
+             source="a resumed job's checkpoint download"),
+        Call("s3:PutObject", {"object": f"{bucket('Artifacts')}/models/x/output/model.tar.gz"},
+             source="the job's model artifacts"),
+        Call("kms:GenerateDataKey", key, source="encrypting what the job writes"),
+        Call("kms:Encrypt", key, source="OutputDataConfig.KmsKeyId"),
+    ]
+    if env.data_stage.mode == "fsx":
+        calls.append(Call("fsx:DescribeFileSystems", source="SageMaker, mounting the FSx channel"))
+    role_id = _role_id(template, "ExecutionRole")
+    return [Caller("execution role (SageMaker, for the job)", template_principal(template, role_id, {}, boundary),
+                   calls)]
+
+
 def cli_callers() -> list[Caller]:
     """``btk report`` and ``btk capacity``: the policies their docs give users, and the calls they make."""
     report = [Call(f"sagemaker:{op}", source="btk/report") for op in sorted(report_operations())]
@@ -475,9 +578,15 @@ def main(argv: Sequence[str]) -> int:
     configs.append(reserve_environment(configs[-1], datetime(2027, 1, 4, tzinfo=UTC)))
     for env in configs:
         template = synthesize_environment(env)
-        boundary = boundary_statements(synthesize_bootstrap(env, environments.ENVIRONMENTS))
+        try:
+            boundary: list[dict[str, Any]] | None = boundary_statements(
+                synthesize_bootstrap(env, environments.ENVIRONMENTS)
+            )
+        except ModuleNotFoundError:  # a tree from before stacks/bootstrap_stack.py: roles have no boundary
+            boundary = None
         plan = _plan_arn(env)
-        found = [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan, boundary)]
+        found = [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan, boundary),
+                 *execution_callers(template, env, boundary)]
         callers.extend(found)
     callers.extend(cli_callers())
     for caller in callers:

@@ -36,13 +36,15 @@ def reserve_environment(env: EnvironmentConfig, start_after: datetime) -> Enviro
 
 def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -> dict[str, Any]:
     """TrainingStack of ``env`` with cdk-nag (an unacknowledged finding raises); the template."""
-    from aws_cdk import App
+    from aws_cdk import App, DefaultStackSynthesizer
 
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag
 
     out = outdir or Path(tempfile.mkdtemp(prefix=f"btk-{env.name}-"))
-    app = App(outdir=str(out))
+    # As app.py: the environment's own bootstrap (its qualifier names the asset bucket and repository).
+    synthesizer = DefaultStackSynthesizer(qualifier=env.bootstrap_qualifier)
+    app = App(outdir=str(out), default_stack_synthesizer=synthesizer)
     apply_nag(app)
     stack = TrainingStack(app, "TrainingStack", env_config=env)
     app.synth()

@@ -110,6 +110,12 @@ class TrainingExecutionRole(Construct):
                 resources=self._log_group_arns(stack),
             )
         )
+        # The Service Authorization Reference lists the group's own ARN for DescribeLogStreams, while
+        # CloudWatch Logs documents group ARNs ending in ":*"; granting both holds either way.
+        self.role.add_to_policy(
+            iam.PolicyStatement(sid="DescribeJobLogStreams", actions=["logs:DescribeLogStreams"],
+                                resources=self._log_groups(stack))
+        )
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="JobMetrics",

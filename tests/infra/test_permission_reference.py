@@ -13,6 +13,7 @@ from permission_reference import (
     boundary_statements,
     cli_callers,
     coverage,
+    execution_callers,
     missing,
     pipeline_callers,
     plan_handler_callers,
@@ -46,7 +47,8 @@ def plan_arn(env: Any) -> str | None:
 def callers_of(env: Any, template: dict[str, Any]) -> list[Caller]:
     """The environment's roles, each capped by its bootstrap's permissions boundary."""
     boundary = boundary_statements(synthesize_bootstrap(env, environments.ENVIRONMENTS))
-    return [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan_arn(env), boundary)]
+    return [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan_arn(env), boundary),
+            *execution_callers(template, env, boundary)]
 
 
 def test_every_environments_roles_allow_their_calls_and_nothing_pointless(synth: Synth) -> None:
@@ -62,7 +64,8 @@ def test_a_reserving_environments_roles_allow_buying_and_using_its_plan(reserve:
     callers = callers_of(env, template)
     names = [caller.name for caller in callers]
     assert names == [
-        "training-plan onEvent (reserve)", "training-plan isComplete", "pipeline role (SageMaker Pipelines)"
+        "training-plan onEvent (reserve)", "training-plan isComplete", "pipeline role (SageMaker Pipelines)",
+        "execution role (SageMaker, for the job)",
     ]
     problems = [problem for caller in callers for problem in missing(caller) + pointless(caller)]
     assert problems == [], "\n".join(problems)
