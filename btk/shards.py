@@ -21,6 +21,12 @@ memory-maps the files (``numpy.memmap``) and verifies every checksum before it t
 (:func:`verify_dataset`, its ranks splitting the hashing), so a corrupted or truncated
 shard, or an id the model's embedding has no row for, is an error, never training data.
 
+A restart does not read the shards again: after every shard verified, the trainer records the
+dataset version (the manifest's digest) and each shard's size, modification and change time
+(:class:`VerificationRecord`, ``dataset_verified.json`` in the checkpoint directory); the next
+start hashes only the shards whose metadata changed (:func:`shards_to_verify`), so an unchanged
+dataset starts without reading it, and a restaged or rewritten shard is hashed before it is read.
+
 The manifest is checksummed by its sidecar ``manifest.json.sha256``, written with it
 (:func:`write_manifest`) and checked by :func:`read_manifest`. A manifest written with a sidecar
 says so (``"checksum_file"``), so a dataset whose sidecar went missing is refused rather than
@@ -39,6 +45,7 @@ import array
 import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -225,15 +232,17 @@ def read_manifest(directory: Path) -> ShardManifest:
 
 
 def verify_dataset(
-    directory: Path, manifest: ShardManifest | None = None, *, part: int = 0, parts: int = 1
+    directory: Path, manifest: ShardManifest | None = None, *, part: int = 0, parts: int = 1,
+    only: Sequence[int] | None = None,
 ) -> ShardManifest:
     """Check every shard's size, and the SHA-256 and token ids of this part's shards, against the manifest.
 
     Hashing reads the whole dataset, so a job splits it: ``parts`` workers (the training
-    ranks) each hash the shards whose index is ``part`` modulo ``parts`` and agree on the
-    result; every worker checks every shard's presence and size (cheap). The largest token id
+    ranks) each hash every ``parts``-th of the shards to hash, starting at the ``part``-th, and
+    agree on the result; every worker checks every shard's presence and size (cheap). The largest token id
     is found in the same read and must be below ``vocab_size`` (a larger one passes any
-    checksum computed over it, then indexes past the embedding). The default hashes everything.
+    checksum computed over it, then indexes past the embedding). ``only``: the indices of the
+    shards to hash (:func:`shards_to_verify`); the default hashes everything.
 
     Raises:
         BtkError: naming the first shard that is missing, has the wrong size or checksum, or
@@ -242,6 +251,8 @@ def verify_dataset(
     if not 0 <= part < parts:
         raise ValueError(f"part {part} outside 0..{parts - 1}")
     manifest = manifest or read_manifest(directory)
+    to_hash = range(len(manifest.shards)) if only is None else sorted(set(only))
+    mine = {index for position, index in enumerate(to_hash) if position % parts == part}
     for index, shard in enumerate(manifest.shards):
         path = directory / shard.file
         if not path.is_file():
@@ -253,7 +264,7 @@ def verify_dataset(
                 f"dataset {directory}: shard {shard.file} has {actual_bytes} bytes, manifest says "
                 f"{expected_bytes}; re-run the tokenize tool or restage the data"
             )
-        if index % parts != part:
+        if index not in mine:
             continue
         try:
             digest, largest = scan_shard(path, manifest.dtype)
@@ -276,3 +287,77 @@ def check_token_ids(largest: int, vocab_size: int, where: str) -> None:
             f"{where} holds token id {largest}, outside the vocabulary of {vocab_size}; tokenize with the "
             "profile's tokenizer (or a profile whose vocab_size covers it)"
         )
+
+
+VERIFIED_RECORD_VERSION = 1
+VERIFIED_RECORD_NAME = "dataset_verified.json"
+
+
+class ShardStat(BaseModel):
+    """A shard file as the file system describes it: what changes when the file is replaced or written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bytes: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+class VerificationRecord(BaseModel):
+    """What a verification vouched for: the dataset version (the manifest's digest) and each shard as it was then.
+
+    Written by the trainer after every shard of the dataset verified (``dataset_verified.json`` in
+    the checkpoint directory, which outlives restarts and step retries: SageMaker restores it).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = VERIFIED_RECORD_VERSION
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shards: dict[str, ShardStat]
+
+
+def manifest_digest(manifest: ShardManifest) -> str:
+    """SHA-256 of the manifest's content: the dataset's version (every shard's own SHA-256 is in it)."""
+    return hashlib.sha256(manifest.model_dump_json().encode()).hexdigest()
+
+
+def shard_stat(path: Path) -> ShardStat:
+    status = path.stat()
+    return ShardStat(bytes=status.st_size, mtime_ns=status.st_mtime_ns, ctime_ns=status.st_ctime_ns)
+
+
+def read_verification_record(path: Path) -> VerificationRecord | None:
+    """The record at ``path``; None when there is none or it cannot be read or trusted (then everything is verified)."""
+    try:
+        return VerificationRecord.model_validate_json(_read_bytes(path, str(path), MAX_JSON_BYTES))
+    except (BtkError, ValidationError, OSError):
+        return None
+
+
+def shards_to_verify(directory: Path, manifest: ShardManifest, record: VerificationRecord | None) -> list[int]:
+    """Indices of the shards the record does not vouch for: every shard without a record of this dataset version,
+    else those whose size, modification or change time differs from when they were verified (a shard rewritten,
+    restaged or copied anew). Reads no shard, only the file system's metadata."""
+    if record is None or record.version != VERIFIED_RECORD_VERSION or record.manifest_sha256 != manifest_digest(
+            manifest):
+        return list(range(len(manifest.shards)))
+    changed = []
+    for index, shard in enumerate(manifest.shards):
+        try:
+            unchanged = record.shards.get(shard.file) == shard_stat(directory / shard.file)
+        except OSError:  # missing or unreadable: verify_dataset says which
+            unchanged = False
+        if not unchanged:
+            changed.append(index)
+    return changed
+
+
+def write_verification_record(path: Path, directory: Path, manifest: ShardManifest) -> None:
+    """Record that every shard of ``directory`` verified as it is now (temp file, then a rename)."""
+    record = VerificationRecord(manifest_sha256=manifest_digest(manifest),
+                                shards={shard.file: shard_stat(directory / shard.file) for shard in manifest.shards})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(record.model_dump_json(indent=1) + "\n")
+    temporary.replace(path)

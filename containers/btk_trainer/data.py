@@ -11,6 +11,7 @@ checkpoint, so a resumed run sees exactly the batches an uninterrupted one would
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -19,11 +20,25 @@ import numpy as np
 import torch
 
 from btk.errors import BtkError
-from btk.shards import ShardManifest, verify_dataset
+from btk.shards import (
+    ShardManifest,
+    read_manifest,
+    read_verification_record,
+    shards_to_verify,
+    verify_dataset,
+    write_verification_record,
+)
 
 
-def verify_across_ranks(directory: Path) -> ShardManifest:
+def verify_across_ranks(directory: Path, record: Path | None = None) -> ShardManifest:
     """Verify the dataset once per job, not once per rank: each rank hashes its share of the shards.
+
+    ``record`` (``dataset_verified.json`` in the checkpoint directory): the shards a previous
+    verification of this dataset version vouched for, unchanged since (:func:`btk.shards.shards_to_verify`:
+    size, modification and change time), are not read again; every rank's view counts, so a shard
+    changed on any node's file system is hashed. After everything verified, rank 0 records the
+    dataset as it is now. A restart of an unchanged dataset therefore reads no shard; its first
+    start, or a changed shard, is hashed before anything is read from it.
 
     Every rank then raises the same one-line error (the lowest rank's finding) or none, so a
     corrupted shard stops the whole job before any training step.
@@ -31,34 +46,78 @@ def verify_across_ranks(directory: Path) -> ShardManifest:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    manifest, finding = None, None
-    try:
-        manifest = verify_dataset(directory, part=rank, parts=world)
-    except BtkError as error:
-        finding = str(error)
-    except OSError as error:  # a fault verify_dataset has no words for: still every rank's one line, not a hang
-        finding = f"dataset {directory}: cannot be read ({error})"
+    manifest: ShardManifest | None = None
+    wanted: list[int] = []
+    finding = _finding(directory, lambda: None)
+    if finding is None:
+        try:
+            manifest = read_manifest(directory)
+            wanted = shards_to_verify(directory, manifest, read_verification_record(record) if record else None)
+        except BtkError as error:
+            finding = str(error)
+    views: list[tuple[str | None, list[int]] | None] = [None] * world
+    dist.all_gather_object(views, (finding, wanted))
+    _raise_first([view[0] if view else None for view in views])
+    assert manifest is not None
+    to_hash = sorted({index for view in views if view for index in view[1]})
     findings: list[str | None] = [None] * world
-    dist.all_gather_object(findings, finding)
+    dist.all_gather_object(findings, _finding(directory, lambda: verify_dataset(
+        directory, manifest, part=rank, parts=world, only=to_hash)))
+    _raise_first(findings)
+    if rank == 0:
+        _announce(directory, manifest, len(to_hash), record)
+    return manifest
+
+
+def _finding(directory: Path, verify: Callable[[], object]) -> str | None:
+    """What ``verify`` found wrong (its one line), None when nothing."""
+    try:
+        verify()
+    except BtkError as error:
+        return str(error)
+    except OSError as error:  # a fault verify_dataset has no words for: still every rank's one line, not a hang
+        return f"dataset {directory}: cannot be read ({error})"
+    return None
+
+
+def _raise_first(findings: list[str | None]) -> None:
     first = next((found for found in findings if found), None)
     if first is not None:
         raise BtkError(first)
-    assert manifest is not None
-    return manifest
+
+
+def _announce(directory: Path, manifest: ShardManifest, hashed: int, record: Path | None) -> None:
+    """Rank 0: record the verified dataset (a failure is a warning: the next start verifies again) and say so."""
+    shards = len(manifest.shards)
+    if record is not None:
+        try:
+            write_verification_record(record, directory, manifest)
+        except OSError as error:
+            print(f"btk: warning: dataset verification not recorded in {record} ({error.strerror or error}); "
+                  "the next start verifies every shard again", flush=True)
+    if hashed < shards:
+        print(f"btk: dataset {directory}: {hashed} of {shards} shards verified, the others unchanged since their "
+              f"verification ({record})", flush=True)
 
 
 class TokenShards:
     """Read-only view of a dataset directory as ``(seq_len + 1)``-token windows.
 
     ``verify``: ``"local"`` hashes every shard here, ``"ranks"`` splits the hashing across the
-    process group (:func:`verify_across_ranks`), ``"none"`` only reads the manifest.
+    process group and skips what ``record`` vouches for (:func:`verify_across_ranks`), ``"none"``
+    only reads the manifest.
     """
 
-    def __init__(self, directory: Path, seq_len: int, *, verify: Literal["local", "ranks", "none"] = "local") -> None:
+    def __init__(self, directory: Path, seq_len: int, *, verify: Literal["local", "ranks", "none"] = "local",
+                 record: Path | None = None) -> None:
         self.directory = directory
-        self.manifest: ShardManifest = {
-            "local": verify_dataset, "ranks": verify_across_ranks, "none": _read,
-        }[verify](directory)
+        self.manifest: ShardManifest
+        if verify == "ranks":
+            self.manifest = verify_across_ranks(directory, record)
+        elif verify == "local":
+            self.manifest = verify_dataset(directory)
+        else:
+            self.manifest = read_manifest(directory)
         self.seq_len = seq_len
         self._arrays = [self._map(shard.file) for shard in self.manifest.shards]
         counts = [max(0, (shard.num_tokens - 1) // seq_len) for shard in self.manifest.shards]
@@ -86,12 +145,6 @@ class TokenShards:
         shard = bisect.bisect_right(self._starts, index) - 1
         offset = (index - self._starts[shard]) * self.seq_len
         return np.asarray(self._arrays[shard][offset : offset + self.seq_len + 1], dtype=np.int64)
-
-
-def _read(directory: Path) -> ShardManifest:
-    from btk.shards import read_manifest
-
-    return read_manifest(directory)
 
 
 @dataclass

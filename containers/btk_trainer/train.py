@@ -47,6 +47,7 @@ from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_metric_line
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
+from btk.shards import VERIFIED_RECORD_NAME
 from btk_trainer.checkpoint import Checkpointer, TrainerState
 from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.exiting import exit_without_finalizing
@@ -422,7 +423,9 @@ def build_data(config: RunConfig, spec: JobHyperparameters, dp_rank: int, dp_siz
     if config.data_dir is None:
         windows = SyntheticWindows(spec.architecture.vocab_size, knobs.seq_len, seed=spec.job.seed)
     else:
-        windows = TokenShards(config.data_dir, knobs.seq_len, verify="ranks" if config.verify_data else "none")
+        record = config.checkpoint_dir / VERIFIED_RECORD_NAME if config.checkpoint_dir is not None else None
+        windows = TokenShards(config.data_dir, knobs.seq_len, verify="ranks" if config.verify_data else "none",
+                              record=record)
         vocab = windows.manifest.vocab_size
         if vocab > spec.architecture.vocab_size:
             raise BtkError(f"dataset vocab_size {vocab} exceeds arch.vocab_size {spec.architecture.vocab_size}")

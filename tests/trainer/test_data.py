@@ -278,3 +278,92 @@ def test_tokenize_refuses_a_tokenizer_larger_than_the_model(tmp_path: Path) -> N
     assert tokenize_main(["--input", str(docs), "--tokenizer", str(tok_path), "--output", str(tmp_path / "o"),
                           "--vocab-size", "4"]) == 2
     tokenize_to_shards([docs], tok_path, tmp_path / "ok", model_vocab_size=128)
+
+
+def _hashed_shards(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the shards read for their checksum from now on."""
+    import btk.shards
+
+    hashed: list[str] = []
+    scan = btk.shards.scan_shard
+
+    def counting(path: Path, dtype: Any) -> tuple[str, int]:
+        hashed.append(path.name)
+        return scan(path, dtype)
+
+    monkeypatch.setattr(btk.shards, "scan_shard", counting)
+    return hashed
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_restart_reads_no_unchanged_shard_and_hashes_a_changed_one_before_reading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start hashes every shard and records them; a restart hashes none; a shard rewritten since (same
+    size, its modification time even set back) is hashed again and refused; a restaged good copy is accepted."""
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(60))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    record = tmp_path / "ckpt" / "dataset_verified.json"
+    hashed = _hashed_shards(monkeypatch)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert sorted(hashed) == sorted(shard.file for shard in manifest.shards) and record.is_file()
+    hashed.clear()
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert hashed == []
+
+    target = tmp_path / "ds" / "shard_00002.bin"
+    good = target.read_bytes()
+    before = target.stat()
+    target.write_bytes(bytes([good[0] ^ 0x01]) + good[1:])  # one flipped bit, same size
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # modification time set back: ctime still moves
+    with pytest.raises(BtkError, match=r"shard_00002.bin fails its sha256"):
+        TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert hashed == ["shard_00002.bin"]
+    hashed.clear()
+    with pytest.raises(BtkError, match=r"shard_00002.bin fails its sha256"):  # refused until it is fixed
+        TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    target.write_bytes(good)
+    hashed.clear()
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert hashed == ["shard_00002.bin"]
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("record_text", ["", "not json", '{"version": 1}', "\x00\xff", "[]"])
+def test_a_record_that_cannot_be_trusted_means_everything_is_hashed(
+    record_text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(30))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    record = tmp_path / "dataset_verified.json"
+    record.write_text(record_text)
+    hashed = _hashed_shards(monkeypatch)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert len(hashed) == len(manifest.shards)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_new_dataset_version_is_hashed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-tokenized data (another manifest) in the same place: the record of the old version vouches for nothing."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(30))], tok_path, tmp_path / "ds", shard_tokens=40)
+    record = tmp_path / "dataset_verified.json"
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "b.jsonl", _docs(30, seed=1))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    hashed = _hashed_shards(monkeypatch)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert len(hashed) == len(manifest.shards)
