@@ -1,13 +1,14 @@
-"""Fit the planner's throughput constants to the published runs and print every point's error.
+"""Fit the planner's throughput constants to the published runs and print every run's error.
 
-For each point of ``btk/planner/calibration_points.json``: the published tokens/s per GPU,
-the prediction of the fit to all points, the prediction of a fit *without* that point
-(leave-one-out), and the memory model's error (leave-one-out too: only the reserve of runs
-launched with the default CUDA allocator is fitted). Then the fitted constants, to be
-copied into ``btk/hardware.py``, ``btk/planner/throughput.py`` and
-``btk/planner/calibration.py``, and the error band per GPU family that ``btk plan`` shows.
+For each run of ``btk/planner/calibration_points.json``: the published tokens/s per GPU, the
+prediction of the fit to all runs, the prediction of a fit *without every run of its source*
+(leave-source-out), and the memory model's error (leave-one-out: only the reserve of runs
+launched with the default CUDA allocator is fitted). Then the fitted constants, to be copied
+into ``btk/hardware.py``, ``btk/planner/throughput.py`` and ``btk/planner/calibration.py``;
+the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the table of
+``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit.
 
-Run: ``.venv/bin/python benchmarks/calibrate.py [--write]``; ``--write`` stores the band in
+Run: ``.venv/bin/python benchmarks/calibrate.py [--write]``; ``--write`` stores the bands in
 ``btk/planner/calibration_band.json`` (the test suite checks that it matches this fit).
 """
 
@@ -15,45 +16,59 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
-from btk.planner.band import BAND_FILE, band_summary
+from btk.planner.band import BAND_FILE, band_summary, regime_table
 from btk.planner.calibration import (
     NAMES,
     _to_vector,
     evaluate,
     fit,
     fit_default_allocator_reserve,
-    leave_source_out,
+    load_held_out,
     load_points,
-    source_document,
+    predict_tokens_per_second,
+    source_of,
 )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="store the band in calibration_band.json")
+    parser.add_argument("--write", action="store_true", help="store the bands in calibration_band.json")
     args = parser.parse_args()
     points = load_points()
     params = fit(points)
     results = evaluate(points, params)
-    print(f"{'point':34} {'family':9} {'published':>9} {'fit':>7} {'LOO':>7} {'memory':>7}")
+    print(f"{'run':38} {'family':9} {'size':>6} {'seq':>6} {'nodes':>5} {'published':>9} {'fit':>7} {'LSO':>7} "
+          f"{'memory':>7}")
     for result in results:
+        point = result.point
         memory = "" if result.memory_error is None else f"{result.memory_error:+.1%}"
         print(
-            f"{result.point.id:34} {result.point.family:9} {result.point.tokens_per_second_per_gpu:9,.0f} "
-            f"{result.fitted_error:+7.1%} {result.left_out_error:+7.1%} {memory:>7}"
+            f"{point.id:38} {point.family:9} {point.parameters / 1e9:5.1f}B {point.knobs.seq_len:6} {point.nodes:5} "
+            f"{point.tokens_per_second_per_gpu:9,.0f} {result.fitted_error:+7.1%} {result.left_out_error:+7.1%} "
+            f"{memory:>7}"
         )
     print("\nfitted constants:")
     for name, value in zip(NAMES, _to_vector(params), strict=True):
         print(f"  {name:26} {value:.4g}")
     print(f"  {'default_allocator_reserve':26} {fit_default_allocator_reserve(points):.4g}  (memory evidence only)")
-    print("\nleave-source-out (every run of the point's source document left out of the fit):")
-    by_source = leave_source_out(points, params)
-    for point in points:
-        print(f"  {point.id:34} {by_source[point.id]:+7.1%}  {source_document(point)}")
-    summary = band_summary(results)
-    print("\nband per GPU family (worst leave-one-out error):")
-    print(json.dumps(summary, indent=2))
+    print("\nsources (leave-source-out leaves each out whole):")
+    for source in dict.fromkeys(source_of(point) for point in points):
+        runs = [result for result in results if source_of(result.point) == source]
+        worst = max(abs(result.left_out_error) for result in runs)
+        print(f"  {len(runs):3} runs, worst {worst:6.1%}  {source}")
+    summary = band_summary(points, {r.point.id: r.left_out_error for r in results}, results)
+    print("\nband per regime (worst leave-source-out error of its runs):")
+    print("\n".join(regime_table(summary)))
+    held = load_held_out()
+    errors = [predict_tokens_per_second(point, params) / point.tokens_per_second_per_gpu - 1 for point in held]
+    print(f"\nheld out ({len(held)} published runs no fit sees), predicted by the fit to all runs:")
+    for point, error in zip(held, errors, strict=True):
+        print(f"  {point.id:38} {point.tokens_per_second_per_gpu:9,.0f} {error:+7.1%}")
+    if errors:
+        absolute = [abs(error) for error in errors]
+        print(f"  median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%}")
     if args.write:
         BAND_FILE.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {BAND_FILE}")

@@ -4,11 +4,13 @@ Every number carries its source and the date it was read (``Fact``). Prices are 
 list prices in USD per instance-hour and change over time: they are marked as estimates
 and should be checked against the current price list before budgeting.
 
-``achieved_matmul_fraction`` and ``non_matmul_overhead`` are not datasheet numbers: they are
-the fraction of dense peak a PyTorch (torchtitan-style) training step reaches on the GPU's
-matmuls, and the bandwidth-bound non-matmul time relative to the bf16 matmul time
+``achieved_matmul_fraction``, ``non_matmul_overhead`` and ``attention_efficiency`` are not
+datasheet numbers: they are the fraction of dense peak a PyTorch (torchtitan-style) training
+step reaches on the GPU's linear layers, the multiple of the counted element-wise HBM traffic
+its non-matmul work takes, and flash attention's rate relative to the linear layers
 (``btk/planner/throughput.py``), fitted per GPU family by ``benchmarks/calibrate.py`` to
-published measurements (``docs/calibration.md``).
+published measurements (``docs/calibration.md``). ``CollectiveTiming`` is how collectives
+between nodes behave on a fabric, fitted to a published nccl-tests sweep.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class GpuSpec:
     nvlink_gbps_per_direction: Fact
     achieved_matmul_fraction: Fact
     non_matmul_overhead: Fact
+    attention_efficiency: Fact
+    """Flash attention's rate relative to ``achieved_matmul_fraction`` (fitted, like it)."""
 
     @property
     def supported_precisions(self) -> tuple[str, ...]:
@@ -198,6 +202,8 @@ NVIDIA_H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense)"
 NVIDIA_H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (SXM, dense)"
 NVIDIA_A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (dense)"
 CALIBRATION_DOC = "btk calibration, docs/calibration.md"
+CALIBRATION_FIT = "benchmarks/calibrate.py fit to the published runs of docs/calibration.md (this GPU's family)"
+ATTENTION_ASSUMED_HOPPER = "assumed equal to Hopper's fit: no published B200 run varies the sequence length"
 
 B200 = GpuSpec(
     name="NVIDIA B200",
@@ -211,12 +217,9 @@ B200 = GpuSpec(
         "mxfp8": Fact(4500.0, NVIDIA_B200_DATASHEET, "2025-03"),
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
-    achieved_matmul_fraction=Fact(
-        0.436, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
-    ),
-    non_matmul_overhead=Fact(
-        0.364, "benchmarks/calibrate.py fit to 6 published B200 runs (docs/calibration.md)", "2025-11"
-    ),
+    achieved_matmul_fraction=Fact(0.5353, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.013, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.267, ATTENTION_ASSUMED_HOPPER, "2026-12"),
 )
 
 H200 = GpuSpec(
@@ -230,12 +233,9 @@ H200 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H200_DATASHEET, "2024-11"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
-    achieved_matmul_fraction=Fact(
-        0.538, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
-    ),
-    non_matmul_overhead=Fact(
-        0.352, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
-    ),
+    achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
 )
 
 H100 = GpuSpec(
@@ -249,12 +249,9 @@ H100 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H100_DATASHEET, "2024-06"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
-    achieved_matmul_fraction=Fact(
-        0.538, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
-    ),
-    non_matmul_overhead=Fact(
-        0.352, "benchmarks/calibrate.py fit to 15 published Hopper runs (docs/calibration.md)", "2025-11"
-    ),
+    achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
 )
 
 A100_80GB = GpuSpec(
@@ -264,12 +261,22 @@ A100_80GB = GpuSpec(
     hbm_bandwidth_tbps=Fact(2.039, NVIDIA_A100_DATASHEET, "2023-06"),
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
-    achieved_matmul_fraction=Fact(
-        0.538, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
-    ),
-    non_matmul_overhead=Fact(
-        0.352, "assumed equal to Hopper's fit (no A100 calibration run)", "2025-11", estimate=True
-    ),
+    achieved_matmul_fraction=Fact(0.8065, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.039, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.3733, CALIBRATION_FIT, "2026-12"),
+)
+
+# Reference GPU of llm-foundry's A100 40GB benchmark table (a calibration run, not a catalog instance).
+A100_40GB = GpuSpec(
+    name="NVIDIA A100 40GB",
+    architecture="ampere",
+    hbm_gib=Fact(40.0, "NVIDIA A100 Tensor Core GPU datasheet: 40 GB HBM2 (SXM)", "2023-06"),
+    hbm_bandwidth_tbps=Fact(1.555, "NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s (40 GB SXM)", "2023-06"),
+    dense_tflops=A100_80GB.dense_tflops,
+    nvlink_gbps_per_direction=A100_80GB.nvlink_gbps_per_direction,
+    achieved_matmul_fraction=A100_80GB.achieved_matmul_fraction,
+    non_matmul_overhead=A100_80GB.non_matmul_overhead,
+    attention_efficiency=A100_80GB.attention_efficiency,
 )
 
 # Reference GPU of the torchtitan 2024-12 benchmarks: H100 with 96 GB HBM2e at 500 W.
@@ -282,6 +289,7 @@ H100_96GB_GRAND_TETON = GpuSpec(
     nvlink_gbps_per_direction=H100.nvlink_gbps_per_direction,
     achieved_matmul_fraction=H100.achieved_matmul_fraction,
     non_matmul_overhead=H100.non_matmul_overhead,
+    attention_efficiency=H100.attention_efficiency,
 )
 
 PRICE_NOTE = "AWS on-demand list price, us-east-1, approximate; verify before budgeting"

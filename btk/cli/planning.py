@@ -221,7 +221,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     instance = get_instance_type(args.instance)
     result = what_if(profile, instance, args.nodes, parse_settings(args.settings))
     evaluation = result.evaluation
-    band = band_for(instance)
+    band = band_for(instance, profile.parameter_count, evaluation.knobs.seq_len, args.nodes)
     if args.output_format == JSON:
         nearest = result.nearest
         print_json(

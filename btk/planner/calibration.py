@@ -1,10 +1,18 @@
 """The calibration set and the fit of the throughput model's constants to it.
 
 ``calibration_points.json`` (next to this module) holds published measurements, each with
-its source, its knobs and what differs from btk's trainer. This module loads them, predicts
-each with the planner's own models, fits the fitted constants (least squares on the log
-of tokens/s, Levenberg-Marquardt, no dependencies) and computes the leave-one-out error of
-every point: the point is predicted by a fit to all *other* points.
+its source, the model it trained (``models``: Llama 3.1 8B and 70B, Llama 2 7B, MPT 760M to
+70B), its system, its knobs and what differs from btk's trainer. This module loads them,
+predicts each with the planner's own models, fits the fitted constants (least squares on
+the log of tokens/s, Levenberg-Marquardt, no dependencies) and measures how well the fit
+predicts runs it has not seen.
+
+**Leave-source-out.** Runs of one source share its setup (software, cluster, the way it was
+measured), so a fit that saw a run's twins flatters it. :func:`leave_source_out` predicts
+each run by a fit without *every* run of its source: the same document and measurement
+campaign (:func:`source_of`; a document holding tables from different clusters, as
+llm-foundry's benchmark README does for H100, A100 80GB and A100 40GB, is one source per
+table). Those errors make the error band the planner prints (``btk.planner.band``).
 
 Two constants describe the *evidence*, not btk's trainer, and are fitted with the others:
 
@@ -12,9 +20,15 @@ Two constants describe the *evidence*, not btk's trainer, and are fitted with th
   than an FSDP2 + torch.compile trainer (fused kernels, cuDNN attention, overlapped
   communication). NVIDIA publishes full-power B200 results only from Megatron, so they
   enter as ``prediction × megatron_engine``; the factor is pinned by the GPU family that has
-  both engines' runs (Hopper), and assumed to hold on every GPU family.
+  both engines' runs (Hopper), and assumed to hold on every GPU family. Megatron reduces
+  gradients once per step, not after every micro-batch as the trainer's FSDP2 does.
 * ``power_limit``: torchao's B200 runs were made on power-limited GPUs; their predictions
   are ``prediction × power_limit``, while SageMaker's p6-b200 runs at full power.
+
+When the source left out is the only one with runs that need such a constant, the fit
+without it knows nothing of the constant but the prior: the error printed for those runs
+says how far the prior is from the truth, and it counts in the band, because that is how
+much the planner's figure for such a GPU rests on that one source.
 
 One constant describes the memory *evidence*: ``default_allocator_reserve``. The memory model
 predicts what a step allocates at its peak; the published figure is the caching allocator's
@@ -26,16 +40,12 @@ The reserve is the geometric-mean excess of those runs over the model, fitted li
 a point's leave-one-out memory prediction uses the reserve fitted to the *other* such runs.
 The planner's own predictions never include it: the trainer always runs with expandable segments.
 
-A weak prior (``PRIOR_WEIGHT``) pulls every constant towards a neutral value so that a
-leave-one-out fit stays defined when the point left out was the only one pinning a constant.
-Such a point (``pins`` in the file) cannot be predicted without itself: its leave-one-out
-error measures the prior, not the model, so it is reported but left out of the error band
-(``PointResult.predicted``). No point of the current set is one: the two Megatron DGX-H100
-runs (two NeMo releases) pin ``megatron_engine`` together.
+A weak prior (``PRIOR_WEIGHT``) pulls every constant towards a neutral value so that every
+fit stays defined when the runs left out were the only ones pinning a constant.
 
-Runs of one source share its setup, so leave-one-out can flatter them (the two Megatron
-DGX-H100 runs predict each other). :func:`leave_source_out` predicts each point by a fit
-without *every* run of its source document, the harder test ``benchmarks/calibrate.py`` prints.
+``held_out`` in the file: published runs of the same kinds that no fit ever sees, predicted
+by the full fit (``benchmarks/calibrate.py`` prints their errors; ``docs/calibration.md``
+lists them).
 """
 
 from __future__ import annotations
@@ -55,32 +65,26 @@ from btk.hardware import Fact, GpuSpec, InstanceType
 from btk.knobs import TrainingKnobs
 from btk.planner.memory import estimate_memory
 from btk.planner.throughput import FITTED_CONSTANTS, ThroughputConstants, estimate_throughput
-from btk.profile import ModelArchitecture, RopeScaling
+from btk.profile import ModelArchitecture
 
 POINTS_FILE = Path(__file__).with_name("calibration_points.json")
-MEASURED_ARCHITECTURE = ModelArchitecture(
-    num_layers=32,
-    hidden_size=4096,
-    num_attention_heads=32,
-    num_kv_heads=8,
-    ffn_hidden_size=14336,
-    vocab_size=128256,
-    max_context=131072,
-    rope_theta=500000.0,
-    rope_scaling=RopeScaling(
-        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
-    ),
-)
-"""Llama 3.1 8B, the model every calibration point ran: part of the evidence, not of the user's ``profiles/``."""
 PRIOR_WEIGHT = 0.02
-GPU_FAMILIES = {"hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"), "blackwell": ("B200",), "ampere": ("A100_80GB",)}
-MEGATRON_ENGINE = 1.575
-B200_POWER_LIMIT = 0.6407
+GPU_FAMILIES = {
+    "hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"),
+    "blackwell": ("B200",),
+    "ampere": ("A100_80GB", "A100_40GB"),
+}
+FAMILIES = tuple(GPU_FAMILIES)
+ATTENTION_FAMILY = {"hopper": "hopper", "blackwell": "hopper", "ampere": "ampere"}
+"""Whose attention efficiency a family uses: no published B200 run varies the sequence length."""
+ATTENTION_FAMILIES = tuple(dict.fromkeys(ATTENTION_FAMILY.values()))
+MEGATRON_ENGINE = 1.568
+B200_POWER_LIMIT = 0.6099
 
 
 @dataclass(frozen=True)
 class CalibrationPoint:
-    """One published measurement and the system it ran on."""
+    """One published measurement, the model it trained and the system it ran on."""
 
     id: str
     system: InstanceType
@@ -93,10 +97,20 @@ class CalibrationPoint:
     memory_gib: float | None
     source: str
     differs: str
-    pins: str | None = None
-    """The constant only this point determines, and why (then it is evidence, not predicted)."""
+    model: str
+    architecture: ModelArchitecture
+    campaign: str | None = None
+    """The table (measurement campaign) of the source document, where one document holds several."""
     allocator: str = "expandable_segments"
     """The CUDA caching allocator setting the run was launched with (``default`` or ``expandable_segments``)."""
+
+    @property
+    def parameters(self) -> int:
+        return self.architecture.parameter_count
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.system.gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,8 @@ class Parameters:
 
     fraction: dict[str, float]
     overhead: dict[str, float]
+    attention: dict[str, float]
+    """Per family that has sequence sweeps (:data:`ATTENTION_FAMILY` maps each family to one)."""
     constants: ThroughputConstants
     megatron_engine: float
     power_limit: float
@@ -127,13 +143,15 @@ def _system(spec: dict[str, Any]) -> tuple[InstanceType, str]:
     return instance, family_of(spec["gpu"])
 
 
-@cache
-def load_points() -> tuple[CalibrationPoint, ...]:
-    """The calibration set, in the file's order."""
-    data = json.loads(POINTS_FILE.read_text())
+def _architecture(spec: dict[str, Any]) -> ModelArchitecture:
+    return ModelArchitecture.model_validate({key: value for key, value in spec.items() if key != "source"})
+
+
+def _points(data: dict[str, Any], key: str) -> tuple[CalibrationPoint, ...]:
     systems = {name: (*_system(spec), bool(spec.get("power_limited"))) for name, spec in data["systems"].items()}
+    models = {name: _architecture(spec) for name, spec in data["models"].items()}
     points = []
-    for raw in data["points"]:
+    for raw in data[key]:
         system, family, power_limited = systems[raw["system"]]
         points.append(
             CalibrationPoint(
@@ -148,24 +166,40 @@ def load_points() -> tuple[CalibrationPoint, ...]:
                 memory_gib=raw["memory_gib"],
                 source=raw["source"],
                 differs=raw["differs"],
-                pins=raw.get("pins"),
+                model=raw["model"],
+                architecture=models[raw["model"]],
+                campaign=raw.get("campaign"),
                 allocator=raw.get("allocator", "expandable_segments"),
             )
         )
     return tuple(points)
 
 
+@cache
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(POINTS_FILE.read_text())
+    return data
+
+
+@cache
+def load_points() -> tuple[CalibrationPoint, ...]:
+    """The calibration set, in the file's order."""
+    return _points(_data(), "points")
+
+
+@cache
+def load_held_out() -> tuple[CalibrationPoint, ...]:
+    """Published runs no fit sees, to check the fit on."""
+    return _points(_data(), "held_out")
+
+
 def current_parameters() -> Parameters:
     """The constants the planner uses now (``btk.hardware`` and ``throughput.FITTED_CONSTANTS``)."""
+    gpus = {"hopper": hardware.H100, "blackwell": hardware.B200, "ampere": hardware.A100_80GB}
     return Parameters(
-        fraction={
-            "hopper": hardware.H100.achieved_matmul_fraction.value,
-            "blackwell": hardware.B200.achieved_matmul_fraction.value,
-        },
-        overhead={
-            "hopper": hardware.H100.non_matmul_overhead.value,
-            "blackwell": hardware.B200.non_matmul_overhead.value,
-        },
+        fraction={family: gpu.achieved_matmul_fraction.value for family, gpu in gpus.items()},
+        overhead={family: gpu.non_matmul_overhead.value for family, gpu in gpus.items()},
+        attention={family: gpus[family].attention_efficiency.value for family in ATTENTION_FAMILIES},
         constants=FITTED_CONSTANTS,
         megatron_engine=MEGATRON_ENGINE,
         power_limit=B200_POWER_LIMIT,
@@ -178,11 +212,14 @@ def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> fl
         point.system.gpu,
         achieved_matmul_fraction=Fact(params.fraction[point.family], "fit", "fit"),
         non_matmul_overhead=Fact(params.overhead[point.family], "fit", "fit"),
+        attention_efficiency=Fact(params.attention[ATTENTION_FAMILY[point.family]], "fit", "fit"),
     )
     system = dataclasses.replace(point.system, gpu=gpu)
-    arch = MEASURED_ARCHITECTURE
-    tokens = estimate_throughput(arch, point.knobs, system, point.nodes, params.constants).tokens_per_second_per_gpu
-    if point.engine == "megatron":
+    megatron = point.engine == "megatron"
+    tokens = estimate_throughput(
+        point.architecture, point.knobs, system, point.nodes, params.constants, reduce_every_micro_batch=not megatron
+    ).tokens_per_second_per_gpu
+    if megatron:
         tokens *= params.megatron_engine
     if point.power_limited:
         tokens *= params.power_limit
@@ -191,9 +228,8 @@ def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> fl
 
 def predict_allocated_gib(point: CalibrationPoint) -> float:
     """Peak allocated memory as the memory model predicts it (the model itself has no fitted constant)."""
-    arch = MEASURED_ARCHITECTURE
     system = point.system
-    return estimate_memory(arch, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib,
+    return estimate_memory(point.architecture, point.knobs, system.gpus_per_node, point.nodes, system.hbm_gib,
                            whole_logits=True).total  # the published runs held their logits whole
 
 
@@ -215,10 +251,8 @@ def fit_default_allocator_reserve(points: Sequence[CalibrationPoint]) -> float:
 
 # The fit works on the logarithms of these values; the prior pulls towards NEUTRAL.
 NAMES = (
-    "hopper.fraction",
-    "hopper.overhead",
-    "blackwell.fraction",
-    "blackwell.overhead",
+    *(f"{family}.{kind}" for family in FAMILIES for kind in ("fraction", "overhead")),
+    *(f"{family}.attention" for family in ATTENTION_FAMILIES),
     "eager_overhead_factor",
     "gemm_half_efficiency",
     "communication_interference",
@@ -227,16 +261,25 @@ NAMES = (
     "megatron_engine",
     "power_limit",
 )
-NEUTRAL = (0.6, 0.3, 0.6, 0.3, 1.0, 4.0e6, 0.1, 1.0, 1.0, 1.0, 1.0)
+NEUTRAL = (
+    *(value for _ in FAMILIES for value in (0.6, 1.0)),
+    *(0.5 for _ in ATTENTION_FAMILIES),
+    1.0,
+    4.0e6,
+    0.1,
+    1.0,
+    1.0,
+    1.0,
+    1.0,
+)
 
 
 def _to_vector(params: Parameters) -> list[float]:
     c = params.constants
+    per_family = [value for family in FAMILIES for value in (params.fraction[family], params.overhead[family])]
     return [
-        params.fraction["hopper"],
-        params.overhead["hopper"],
-        params.fraction["blackwell"],
-        params.overhead["blackwell"],
+        *per_family,
+        *(params.attention[family] for family in ATTENTION_FAMILIES),
         c.eager_overhead_factor,
         max(c.gemm_half_efficiency, 1.0),
         max(c.communication_interference, 1e-4),
@@ -250,8 +293,9 @@ def _to_vector(params: Parameters) -> list[float]:
 def _from_vector(values: Sequence[float]) -> Parameters:
     v = dict(zip(NAMES, values, strict=True))
     return Parameters(
-        fraction={"hopper": v["hopper.fraction"], "blackwell": v["blackwell.fraction"]},
-        overhead={"hopper": v["hopper.overhead"], "blackwell": v["blackwell.overhead"]},
+        fraction={family: v[f"{family}.fraction"] for family in FAMILIES},
+        overhead={family: v[f"{family}.overhead"] for family in FAMILIES},
+        attention={family: v[f"{family}.attention"] for family in ATTENTION_FAMILIES},
         constants=ThroughputConstants(
             eager_overhead_factor=v["eager_overhead_factor"],
             gemm_half_efficiency=v["gemm_half_efficiency"],
@@ -288,7 +332,7 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:
 
 
 def _least_squares(
-    residuals: Callable[[list[float]], list[float]], start: list[float], iterations: int = 40
+    residuals: Callable[[list[float]], list[float]], start: list[float], iterations: int = 60
 ) -> list[float]:
     """Levenberg-Marquardt with a forward-difference Jacobian."""
     x, damping, step = start[:], 1e-3, 1e-5
@@ -328,18 +372,14 @@ def fit(points: Sequence[CalibrationPoint], start: Parameters | None = None) -> 
 
 @dataclass(frozen=True)
 class PointResult:
-    """One point's prediction by the full fit and by the fit without it."""
+    """One point's prediction by the full fit and by the fit without its whole source."""
 
     point: CalibrationPoint
     fitted_tokens: float
     left_out_tokens: float
+    """Predicted by a fit to every *other* source's runs (:func:`leave_source_out`)."""
     memory_gib: float | None
     """Predicted published memory, the default-allocator reserve fitted without this point (leave-one-out)."""
-
-    @property
-    def predicted(self) -> bool:
-        """Whether the leave-one-out fit can predict the point (no constant rests on it alone)."""
-        return self.point.pins is None
 
     @property
     def fitted_error(self) -> float:
@@ -363,31 +403,40 @@ def source_document(point: CalibrationPoint) -> str:
     return f"{repository} {moved.group(1) if moved else path}"
 
 
-def leave_source_out(points: Sequence[CalibrationPoint], params: Parameters) -> dict[str, float]:
-    """Each point's tokens/s relative error when every run of its source document is left out of the fit."""
+def source_of(point: CalibrationPoint) -> str:
+    """The source a point shares its setup with: its document, and its table where a document holds several."""
+    document = source_document(point)
+    return f"{document} ({point.campaign})" if point.campaign else document
+
+
+def leave_source_out(
+    points: Sequence[CalibrationPoint], params: Parameters
+) -> dict[str, float]:
+    """Each point's tokens/s relative error when every run of its source is left out of the fit."""
     errors: dict[str, float] = {}
-    for document in dict.fromkeys(source_document(point) for point in points):
-        kept = [point for point in points if source_document(point) != document]
+    for source in dict.fromkeys(source_of(point) for point in points):
+        kept = [point for point in points if source_of(point) != source]
         without = fit(kept, start=params)
         for point in points:
-            if source_document(point) == document:
+            if source_of(point) == source:
                 errors[point.id] = predict_tokens_per_second(point, without) / point.tokens_per_second_per_gpu - 1
     return errors
 
 
 def evaluate(points: Sequence[CalibrationPoint], params: Parameters) -> list[PointResult]:
-    """Each point predicted by ``params`` and by a refit that leaves it out."""
+    """Each point predicted by ``params`` and by a fit without its source; memory leave-one-out."""
+    left_out = leave_source_out(points, params)
     results = []
     for index, point in enumerate(points):
         others = [p for i, p in enumerate(points) if i != index]
-        without = fit(others, start=params)
         reserve = fit_default_allocator_reserve(others)
         memory = predict_memory_gib(point, reserve) if point.memory_gib is not None else None
+        fitted = predict_tokens_per_second(point, params)
         results.append(
             PointResult(
                 point=point,
-                fitted_tokens=predict_tokens_per_second(point, params),
-                left_out_tokens=predict_tokens_per_second(point, without),
+                fitted_tokens=fitted,
+                left_out_tokens=(1 + left_out[point.id]) * point.tokens_per_second_per_gpu,
                 memory_gib=memory,
             )
         )

@@ -109,10 +109,11 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
     """The best plan of ``profile`` on ``nodes`` x ``instance``, or the reason none fits."""
     longest = longest_sequence_one_node(profile, instance)
     gpu = instance.gpu.name
+    band = band_for(instance, profile.parameter_count, profile.training.seq_len, nodes)
     try:
         plan = plan_profile(profile, instance, nodes)
     except InfeasiblePlanError as error:
-        return InstanceComparison(instance.name, gpu, longest, None, band_for(instance), str(error))
+        return InstanceComparison(instance.name, gpu, longest, None, band, str(error))
     estimate = plan.evaluation.estimate
     planned = PlannedFigures(
         knobs=plan.knobs,
@@ -123,7 +124,7 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
         memory_gib=plan.evaluation.memory.total,
         training_cost=plan.training_cost(),
     )
-    return InstanceComparison(instance.name, gpu, longest, planned, band_for(instance))
+    return InstanceComparison(instance.name, gpu, longest, planned, band)
 
 
 def _cost(row: InstanceComparison) -> float:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from btk.knobs import TrainingKnobs
-from btk.planner.band import band_for
 from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.cost import PLAN_FEE_NOTE, TrainingCost
 from btk.planner.memory import MemoryBreakdown
@@ -129,7 +128,7 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
         f"{plan.profile.name} ({plan.profile.parameter_count / 1e9:.2f}B) on {plan.nodes} x {plan.instance.name} "
         f"({plan.nodes * plan.instance.gpus_per_node} x {plan.instance.gpu.name}, budget {best.budget_gib:.0f} GiB/GPU)"
     )
-    lines = [header, f"error band: {band_for(plan.instance).describe()}", "plan:", render_evaluation(best)]
+    lines = [header, f"error band: {plan.band.describe()}", "plan:", render_evaluation(best)]
     lines += render_global_batch(plan.global_batch)
     lines += render_scaling(plan)
     lines += render_training_cost(plan.training_cost(plan_duration_hours))
@@ -237,21 +236,22 @@ def _usd_per_billion(comparison: InstanceComparison) -> str:
 
 
 def _ranking_lines(comparisons: Sequence[InstanceComparison]) -> list[str]:
-    """What the rank column means, and each group of rows the models cannot tell apart."""
+    """What the rank column means, and, for each row, the costlier rows the models cannot tell it apart from."""
     lines = [
         "rank: by $ per billion tokens, cheapest first; '=N': indistinguishable from another row (the costs differ "
         "by less than the wider of their error bands); '?': outside the published evidence, not ranked"
     ]
-    by_name = {c.instance_type: c for c in comparisons}
-    seen: set[str] = set()
+    position = {c.instance_type: index for index, c in enumerate(comparisons)}
     for row in comparisons:
         rank = row.cost_rank
-        if rank is None or not rank.indistinguishable_from or row.instance_type in seen:
+        if rank is None:
             continue
-        group = [row.instance_type, *(name for name in rank.indistinguishable_from if name not in seen)]
-        seen.update(group)
-        costs = ", ".join(f"{name} {_usd_per_billion(by_name[name])}" for name in group)
-        lines.append(f"indistinguishable at this band: {costs} per billion tokens")
+        costlier = [name for name in rank.indistinguishable_from if position[name] > position[row.instance_type]]
+        if costlier:
+            others = ", ".join(f"{name} {_usd_per_billion(comparisons[position[name]])}" for name in costlier)
+            lines.append(
+                f"{row.instance_type} {_usd_per_billion(row)} per billion tokens is indistinguishable from {others}"
+            )
     return lines
 
 

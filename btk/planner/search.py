@@ -45,7 +45,7 @@ from btk.knobs import (
     knobs_to_hyperparameters,
     parse_knobs,
 )
-from btk.planner.band import band_for
+from btk.planner.band import ErrorBand, band_for
 from btk.planner.cost import TrainingCost, training_cost
 from btk.planner.memory import MemoryBreakdown, estimate_memory
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
@@ -205,6 +205,11 @@ class Plan:
     def global_batch(self) -> GlobalBatch:
         return global_batch(self.profile, self.evaluation)
 
+    @property
+    def band(self) -> ErrorBand:
+        """How far predictions for this question (GPU family, size, sequence, nodes) missed published runs."""
+        return band_for(self.instance, self.profile.parameter_count, self.knobs.seq_len, self.nodes)
+
     def training_cost(self, plan_duration_hours: int | None = None) -> TrainingCost | None:
         """What ``training.total_tokens`` costs with this plan (training plans of ``plan_duration_hours``)."""
         return cost_to_train(self.profile, self.instance, self.nodes, self.evaluation, plan_duration_hours)
@@ -232,7 +237,7 @@ class Plan:
             "scaling_vs_one_node": self.scaling.as_json() if self.scaling is not None else None,
             "explanations": list(self.explanations),
             "alternatives": [alternative.as_json() for alternative in self.alternatives],
-            "error_band": band_for(self.instance).as_json(),
+            "error_band": self.band.as_json(),
         }
 
 

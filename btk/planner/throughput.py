@@ -10,20 +10,31 @@ Model (per GPU, per optimizer step):
   Recompute adds the forward FLOPs that the checkpointing mode re-runs: ``selective`` re-runs
   wk, wo and w3; ``full`` re-runs the whole block forward including attention.
 * **Compute time.** Linear-layer FLOPs run at the precision's dense peak (fp8/mxfp8 peaks
-  for the block linears; the output head stays bf16, as torchao/torchtitan convert it), the
-  rest at the bf16 peak. Achieved throughput is ``peak × achieved_matmul_fraction ×
-  S/(S + S₀)``: the GPU's calibrated fraction (``btk.hardware``) scaled down for GEMMs too
-  small to fill the GPU. ``S`` is a GEMM's output size per TP rank, micro-batch tokens ×
-  hidden size / TP, so both a short micro-batch and a narrow model (or a high TP degree)
-  lower it; ``S₀`` is fitted (``ThroughputConstants.gemm_half_efficiency``). One constant
-  for both because a GEMM's wave count depends on its output tiles, rows times columns. A
-  float8 GEMM's ``S₀`` is its peak's multiple of bf16's: its fixed part (wave tails, the
-  epilogue's HBM writes) does not speed up with the tensor cores.
-* **Non-matmul work** (norms, RoPE, SwiGLU, residual adds, optimizer, launch gaps) is
-  bound by HBM bandwidth, not by tensor cores: it costs ``non_matmul_overhead`` times the
-  time the bf16 matmuls would take on an H100 SXM-like balance of 295 FLOP per byte
-  (``REFERENCE_FLOPS_PER_BYTE``), scaled by the GPU's bandwidth. This is why an H200
-  (4.8 TB/s) trains faster than an H100 with the same tensor cores, and a 500 W HBM2e
+  for the block linears; the output head stays bf16, as torchao/torchtitan convert it).
+  Achieved throughput is ``peak × achieved_matmul_fraction × S/(S + S₀)``: the GPU's
+  calibrated fraction (``btk.hardware``) scaled down for GEMMs too small to fill the GPU.
+  ``S`` is a GEMM's output size per TP rank, micro-batch tokens × hidden size / TP, so both a
+  short micro-batch and a narrow model (or a high TP degree) lower it; ``S₀`` is fitted
+  (``ThroughputConstants.gemm_half_efficiency``). One constant for both because a GEMM's
+  wave count depends on its output tiles, rows times columns. A float8 GEMM's ``S₀`` is its
+  peak's multiple of bf16's: its fixed part (wave tails, the epilogue's HBM writes) does not
+  speed up with the tensor cores.
+* **Attention** (flash attention's ``QKᵀ`` and ``PV``, forward, backward and recompute) is not
+  a GEMM of the linear layers' shape: it runs at its own fraction of the bf16 peak,
+  ``achieved_matmul_fraction × attention_efficiency`` (both ``btk.hardware``, per GPU family),
+  fitted on the sequence sweeps of the calibration set (2k to 64k tokens, A100 and H100),
+  where attention goes from a few per cent of a step's FLOPs to most of them.
+* **Non-matmul work** (norms, RoPE, SwiGLU, residual adds, the loss) is bound by HBM
+  bandwidth, not by tensor cores. Its bytes are counted per token
+  (:func:`elementwise_bytes_per_token`): per layer and pass, ``10·h + 2·a + 2·kv + 3·f``
+  bf16 elements read or written (two norms, two residual adds, RoPE on q and k, SwiGLU),
+  three passes (forward, and a backward that reads and writes about twice as much) plus one
+  for recompute, and the loss's logits (8 bytes per vocabulary entry fused, 30 for an eager
+  fp32 cross-entropy). They scale with the model's *width* (``h``, ``f``), while matmul
+  FLOPs scale with its square, so a wide model spends a smaller share of its step here.
+  Time is those bytes at the GPU's HBM bandwidth times ``non_matmul_overhead`` (fitted per
+  GPU family: kernels reach a fraction of peak bandwidth, and launch gaps add to them): an
+  H200 (4.8 TB/s) trains faster than an H100 with the same tensor cores, and a 500 W HBM2e
   H100 (2.4 TB/s) slower. It does not shrink with float8.
 * **Float8 casts.** Dynamic scaling reads bf16 (twice: amax, then cast) and writes fp8 for
   the input and the output gradient of every converted linear, in both layouts:
@@ -77,7 +88,11 @@ from btk.planner.cost import tokens_billion
 from btk.planner.memory import parallelism_for
 from btk.profile import ModelArchitecture
 
-REFERENCE_FLOPS_PER_BYTE = 295.0  # H100 SXM: 989 dense bf16 TFLOPS / 3.35 TB/s
+ELEMENTWISE_PASSES = 3.0
+"""Forward, and a backward that reads and writes about twice the forward's element-wise bytes."""
+LOSS_BYTES_PER_VOCAB = {True: 8.0, False: 30.0}
+"""Per token and vocabulary entry. Fused: bf16 logits written and read, their gradient written and
+read. Eager fp32 cross-entropy: also the fp32 copy, log-softmax and fp32 gradient, read and written."""
 CAST_BANDWIDTH_FRACTION = 0.70
 CAST_BYTES_PER_FEATURE = 12.0
 
@@ -112,10 +127,10 @@ class ThroughputConstants:
 
 
 FITTED_CONSTANTS = ThroughputConstants(
-    eager_overhead_factor=1.806,
-    gemm_half_efficiency=7.077e6,
-    communication_interference=0.1047,
-    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.553, "mxfp8": 1.194},
+    eager_overhead_factor=2.07,
+    gemm_half_efficiency=5.9861e+06,
+    communication_interference=0.1082,
+    cast_cost={"bf16": 0.0, "fp8_tensorwise": 1.0, "fp8_rowwise": 2.445, "mxfp8": 1.111},
 )
 """``benchmarks/calibrate.py``'s fit to the calibration set (``docs/calibration.md``)."""
 LINK_EFFICIENCY = 0.80
@@ -181,34 +196,50 @@ def gemm_shape_factor(
     return size / (size + constants.gemm_half_efficiency * speedup)
 
 
+def attention_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """Causal attention FLOPs per token executed by flash attention, forward, backward and recompute."""
+    _, recompute = recompute_flops_per_token(arch, knobs)
+    return 6.0 * arch.num_layers * arch.attention_width * knobs.seq_len + recompute
+
+
+def elementwise_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """HBM bytes of the non-matmul work per token (whole model, one TP rank's share before dividing by TP)."""
+    h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
+    per_pass = 2.0 * (10 * h + 2 * a + 2 * kv + 3 * f)  # bf16 elements read or written per layer
+    passes = ELEMENTWISE_PASSES + (0.0 if knobs.activation_checkpointing == "none" else 1.0)
+    return arch.num_layers * per_pass * passes + LOSS_BYTES_PER_VOCAB[knobs.fused_loss] * arch.vocab_size
+
+
 def compute_seconds_per_token(
     arch: ModelArchitecture,
     knobs: TrainingKnobs,
     instance: InstanceType,
     constants: ThroughputConstants = FITTED_CONSTANTS,
 ) -> float:
-    """Seconds of GPU work per token for one TP rank (matmuls, non-matmul work, fp8 casts)."""
+    """Seconds of GPU work per token for one TP rank (linears, attention, non-matmul work, fp8 casts)."""
     gpu = instance.gpu
     speedup = gpu.peak_tflops(knobs.precision) / gpu.peak_tflops("bf16")
     fraction = gpu.achieved_matmul_fraction.value
-    bf16_rate = gpu.peak_tflops("bf16") * 1e12 * fraction * gemm_shape_factor(arch, knobs, constants)
+    bf16_peak = gpu.peak_tflops("bf16") * 1e12
+    bf16_rate = bf16_peak * fraction * gemm_shape_factor(arch, knobs, constants)
     linear_shape = gemm_shape_factor(arch, knobs, constants, speedup)
     linear_rate = gpu.peak_tflops(knobs.precision) * 1e12 * fraction * linear_shape
+    attention_rate = bf16_peak * fraction * gpu.attention_efficiency.value
     block_linear_params = arch.num_layers * sum(i * o for i, o in _linear_shapes(arch))
     head_params = arch.vocab_size * arch.hidden_size
-    recompute_linear, recompute_attention = recompute_flops_per_token(arch, knobs)
-    block_linear_flops = 6.0 * block_linear_params + recompute_linear
-    other_flops = 6.0 * head_params + 6.0 * arch.num_layers * arch.attention_width * knobs.seq_len + recompute_attention
-    matmul_seconds = block_linear_flops / linear_rate + other_flops / bf16_rate
-    balanced_seconds = (block_linear_flops + other_flops) / (
-        gpu.hbm_bandwidth_tbps.value * 1e12 * REFERENCE_FLOPS_PER_BYTE
+    recompute_linear, _ = recompute_flops_per_token(arch, knobs)
+    seconds = (
+        (6.0 * block_linear_params + recompute_linear) / linear_rate
+        + 6.0 * head_params / bf16_rate
+        + attention_flops_per_token(arch, knobs) / attention_rate
     )
+    hbm = gpu.hbm_bandwidth_tbps.value * 1e12
     overhead = gpu.non_matmul_overhead.value * (1.0 if knobs.compile else constants.eager_overhead_factor)
-    seconds = matmul_seconds + overhead * balanced_seconds
+    seconds += overhead * elementwise_bytes_per_token(arch, knobs) / hbm
     if knobs.precision != "bf16":
         cast_bytes = CAST_BYTES_PER_FEATURE * arch.num_layers * sum(i + o for i, o in _linear_shapes(arch))
         cast_bytes *= constants.cast_factor(knobs.precision)
-        seconds += cast_bytes / (gpu.hbm_bandwidth_tbps.value * 1e12 * CAST_BANDWIDTH_FRACTION)
+        seconds += cast_bytes / (hbm * CAST_BANDWIDTH_FRACTION)
     return seconds / knobs.tensor_parallel
 
 
@@ -260,6 +291,8 @@ class LayerCommunication:
     """The last reduction of a backward pass: no compute is left to hide it."""
     latency: float
     """The fabric's fixed time of the layer's collectives (forward and backward) across nodes."""
+    gather_latency: float
+    """The part of ``latency`` that is the two parameter all-gathers."""
 
 
 def data_parallel_collectives(
@@ -302,6 +335,7 @@ def layer_communication(
         backward=all_gather + reduce_scatter + all_reduce,
         tail=reduce_scatter + all_reduce,
         latency=3 * shard.latency_seconds(instance) + replica.latency_seconds(instance),
+        gather_latency=2 * shard.latency_seconds(instance),
     )
 
 
@@ -312,6 +346,7 @@ def communication_seconds_per_step(
     nodes: int,
     compute_per_micro_batch: float,
     constants: ThroughputConstants = FITTED_CONSTANTS,
+    reduce_every_micro_batch: bool = True,
 ) -> tuple[float, float]:
     """(data-parallel seconds the step waits for, non-overlapped TP seconds) per optimizer step.
 
@@ -323,22 +358,33 @@ def communication_seconds_per_step(
     ``ThroughputConstants.communication_interference`` of their time. A collective across
     nodes also synchronises every rank of its group: its fixed latency
     (:meth:`btk.hardware.CollectiveTiming.latency`, growing with the node count) is waited for.
+
+    ``reduce_every_micro_batch``: the trainer's FSDP2 reduces gradients after every
+    micro-batch; Megatron-Core (a calibration engine) only after the last one of a step.
     """
     comm = layer_communication(arch, knobs, instance, nodes)
     layers = arch.num_layers
     forward_share = forward_flops_share(arch, knobs)
     forward_layer = compute_per_micro_batch * forward_share / layers
     backward_layer = compute_per_micro_batch * (1 - forward_share) / layers
-    exposed = (
-        comm.forward
-        + (layers - 1) * max(0.0, comm.forward - forward_layer)
-        + (layers - 1) * max(0.0, comm.backward - backward_layer)
-        + comm.tail
-    )
-    total = layers * (comm.forward + comm.backward)
-    overlapped = max(0.0, total - exposed)
-    per_micro_batch = exposed + constants.communication_interference * overlapped + layers * comm.latency
-    data_parallel = per_micro_batch * knobs.gradient_accumulation_steps
+
+    def micro_batch(backward: float, tail: float, latency: float) -> float:
+        exposed = (
+            comm.forward
+            + (layers - 1) * max(0.0, comm.forward - forward_layer)
+            + (layers - 1) * max(0.0, backward - backward_layer)
+            + tail
+        )
+        overlapped = max(0.0, layers * (comm.forward + backward) - exposed)
+        return exposed + constants.communication_interference * overlapped + layers * latency
+
+    reducing = micro_batch(comm.backward, comm.tail, comm.latency)
+    steps = knobs.gradient_accumulation_steps
+    if reduce_every_micro_batch:
+        data_parallel = steps * reducing
+    else:
+        gathering = micro_batch(comm.backward - comm.tail, 0.0, comm.gather_latency)
+        data_parallel = (steps - 1) * gathering + reducing
     return data_parallel, tensor_parallel_seconds_per_step(arch, knobs, instance)
 
 
@@ -400,15 +446,17 @@ def estimate_throughput(
     instance: InstanceType,
     nodes: int,
     constants: ThroughputConstants = FITTED_CONSTANTS,
+    reduce_every_micro_batch: bool = True,
 ) -> Estimate:
-    """Predict step time, tokens/s per GPU, MFU and USD per billion tokens."""
+    """Predict step time, tokens/s per GPU, MFU and USD per billion tokens (``reduce_every_micro_batch``:
+    see :func:`communication_seconds_per_step`)."""
     par = parallelism_for(knobs, instance.gpus_per_node, nodes)
     micro_batches = knobs.gradient_accumulation_steps
     tokens_per_group_step = knobs.micro_batch_size * knobs.seq_len * micro_batches  # one TP group
     compute = compute_seconds_per_token(arch, knobs, instance, constants) * tokens_per_group_step
     fixed = LAYER_OVERHEAD_SECONDS[knobs.compile] * arch.num_layers * micro_batches
     data_parallel, tp_seconds = communication_seconds_per_step(
-        arch, knobs, instance, nodes, compute / micro_batches, constants
+        arch, knobs, instance, nodes, compute / micro_batches, constants, reduce_every_micro_batch
     )
     exposed = data_parallel + tp_seconds
     step = compute + fixed + exposed

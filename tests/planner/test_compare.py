@@ -103,7 +103,8 @@ def _row(name: str, usd_per_billion: float, band: float | None) -> InstanceCompa
     from btk.planner.compare import PlannedFigures
 
     figures = PlannedFigures(TrainingKnobs(micro_batch_size=1, seq_len=8192), 1.0, 8.0, 0.5, usd_per_billion, 1.0, None)
-    error_band = ErrorBand("family", band, None, 0 if band is None else 3, 0, ())
+    error_band = ErrorBand("family", None if band is None else "family / any / any / any", band, None,
+                           0 if band is None else 3, 0, (), () if band is not None else ("outside the evidence",))
     return InstanceComparison(name, "GPU " + name, 0, figures, error_band)
 
 
@@ -130,7 +131,7 @@ def test_a_row_outside_the_evidence_is_not_ranked_and_misfits_come_last() -> Non
 
 def test_indistinguishable_rows_are_named_in_the_text() -> None:
     text = render_compare("p", 1, rank_by_cost([_row("a", 100.0, 0.1), _row("b", 105.0, 0.1)]))
-    assert "indistinguishable at this band: a $100, b $105 per billion tokens" in text
+    assert "a $100 per billion tokens is indistinguishable from b $105" in text
     assert [line.split()[0] for line in text.splitlines()[4:6]] == ["=1", "=1"]
 
 

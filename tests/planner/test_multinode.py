@@ -135,3 +135,19 @@ def test_a_multi_node_plan_says_how_it_scales() -> None:
     assert document["nodes"] == 8 and document["efficiency"] == round(plan.scaling.efficiency, 4)
     assert f"scaling: {plan.scaling.efficiency:.1%} of the one-node plan's" in render_plan(plan)
     assert plan_profile(profile, P5, 1).scaling is None and one.to_json()["scaling_vs_one_node"] is None
+
+
+@pytest.mark.parametrize("instance_name", list(INSTANCE_TYPES))
+def test_a_12b_plan_on_64_nodes_trains_fewer_tokens_per_gpu_than_on_one(instance_name: str) -> None:
+    """The planner's best plan for a 12B model on 64 nodes, whatever knobs it picks there, stays below the
+    one-node plan by at least the smallest loss a published run showed on more nodes; so its "$ to train"
+    grows with the node count."""
+    profile, instance = _nemo_12b(), INSTANCE_TYPES[instance_name]
+    one = plan_profile(profile, instance, 1)
+    wide = plan_profile(profile, instance, 64)
+    drop = 1 - wide.evaluation.estimate.tokens_per_second_per_gpu / one.evaluation.estimate.tokens_per_second_per_gpu
+    assert drop >= _smallest_published_drop(), (instance_name, drop)
+    assert wide.evaluation.estimate.exposed_communication_seconds > 0
+    one_cost, wide_cost = one.training_cost(), wide.training_cost()
+    assert one_cost is not None and wide_cost is not None and wide_cost.on_demand_usd > one_cost.on_demand_usd
+    assert wide.scaling is not None and wide.scaling.efficiency == pytest.approx(1 - drop)
