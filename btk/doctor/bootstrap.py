@@ -1,7 +1,9 @@
 """The CDK bootstrap of the environment's qualifier: present in the account and region, recent enough.
 
-``cdk bootstrap --qualifier Q`` writes its version to the SSM parameter
-``/cdk-bootstrap/Q/version``; every synthesized stack reads it (its ``BootstrapVersion``
+The project's own bootstrap stack ``BtkBootstrap-<env>`` (``stacks/bootstrap_stack.py``, in place
+of ``cdk bootstrap``: its roles are scoped to the environment) writes its version to the SSM
+parameter ``/cdk-bootstrap/Q/version``, as ``cdk bootstrap --qualifier Q`` does; every
+synthesized stack reads it (its ``BootstrapVersion``
 parameter) and refuses to deploy below the version its synthesizer needs. aws-cdk-lib's
 ``DefaultStackSynthesizer`` needs 6 to deploy and 8 for its lookup role
 (``MIN_BOOTSTRAP_STACK_VERSION`` and ``MIN_LOOKUP_ROLE_BOOTSTRAP_STACK_VERSION`` in
@@ -33,21 +35,17 @@ class BootstrapNeed:
 
 
 def version_parameter(qualifier: str) -> str:
-    """The SSM parameter ``cdk bootstrap --qualifier`` writes its version to."""
+    """The SSM parameter the bootstrap of qualifier ``qualifier`` writes its version to."""
     return f"/cdk-bootstrap/{qualifier}/version"
 
 
 def bootstrap_command(env: EnvironmentConfig, account: str) -> str:
     """The command that bootstraps (or upgrades the bootstrap of) the environment, as docs/deploy.md gives it."""
-    qualifier = env.bootstrap_qualifier
-    return (
-        f"npx cdk bootstrap aws://{account}/{env.region} --qualifier {qualifier} "
-        f"--toolkit-stack-name CDKToolkit-{qualifier}"
-    )
+    return f"npx cdk deploy BtkBootstrap-{env.name} -c bootstrap={env.name} -c account={account}"
 
 
 def lookup_role_arn(env: EnvironmentConfig, account: str, partition: str = "aws") -> str:
-    """The bootstrap's lookup role (``ReadOnlyAccess``): what CI's deploy role reads the account as."""
+    """The bootstrap's lookup role (read-only, scoped to its environment): what CI's doctor reads as."""
     name = f"cdk-{env.bootstrap_qualifier}-lookup-role-{account}-{env.region}"
     return f"arn:{partition}:iam::{account}:role/{name}"
 

@@ -74,8 +74,11 @@ def test_every_deploy_job_runs_the_doctor_before_its_deploy() -> None:
     for name, job in jobs.items():
         env = job["environment"]
         steps = job["steps"]
-        command = f".venv/bin/btk doctor --env {env} --lookup-role"
-        doctor_at = next((i for i, step in enumerate(steps) if str(step.get("run", "")).strip() == command), None)
+        # The environment is named directly or through the job's BTK_ENV (a matrix job over environments.py).
+        names = {env} | ({'"$BTK_ENV"', "$BTK_ENV"} if job.get("env", {}).get("BTK_ENV") == env else set())
+        commands = {f".venv/bin/btk doctor --env {value} --lookup-role" for value in names}
+        command = min(commands)
+        doctor_at = next((i for i, step in enumerate(steps) if str(step.get("run", "")).strip() in commands), None)
         credentials_at = next(i for i, step in enumerate(steps) if "configure-aws-credentials" in step.get("uses", ""))
         deploy_at = next(i for i, step in enumerate(steps) if "cdk deploy" in str(step.get("run", "")))
         assert doctor_at is not None, f"{name}: no step runs `{command}`"
