@@ -331,3 +331,46 @@ def test_compare_names_gpus_sorts_by_cost_and_takes_total_tokens(capsys: pytest.
 def test_compare_refuses_a_bad_token_count_in_one_line(capsys: pytest.CaptureFixture[str], value: str) -> None:
     code, out, err = run(capsys, "compare", "llama3.1-8b", f"--total-tokens={value}")
     assert code == 2 and out == "" and err.count("\n") == 1 and "is not a token count" in err
+
+
+@pytest.mark.parametrize("nodes", ["1", "64"])
+def test_plan_estimate_and_compare_carry_the_band_of_their_question(
+    capsys: pytest.CaptureFixture[str], nodes: str
+) -> None:
+    """The same question (profile, instance, nodes) gets the same band in plan, estimate and compare, in JSON and
+    text; the band is null only where the text says the question is outside the published evidence."""
+    from btk.catalog import get_profile
+    from btk.hardware import get_instance_type
+    from btk.planner.band import band_for
+
+    profile, instance = get_profile("llama3.1-8b"), get_instance_type("ml.p5.48xlarge")
+    expected = band_for(instance, profile.parameter_count, profile.training.seq_len, int(nodes))
+    common = ["--nodes", nodes]
+    documents = []
+    for argv in (["plan", profile.name, "--instance", instance.name], ["estimate", profile.name, "--instance",
+                                                                         instance.name]):
+        code, out, _ = run(capsys, *argv, *common, "--format", "json")
+        assert code == 0
+        documents.append(json.loads(out)["error_band"])
+    code, out, _ = run(capsys, "compare", profile.name, "--instances", instance.name, *common, "--format", "json")
+    assert code == 0
+    documents.append(json.loads(out)["instances"][0]["error_band"])
+    assert all(document == expected.as_json() for document in documents)
+    texts = []
+    for argv in (["plan", profile.name, "--instance", instance.name], ["estimate", profile.name, "--instance",
+                                                                         instance.name],
+                 ["compare", profile.name, "--instances", instance.name]):
+        code, out, _ = run(capsys, *argv, *common)
+        assert code == 0
+        texts.append(out)
+    relative = expected.as_json()["tokens_per_second_relative"]
+    for text in texts:
+        assert expected.describe() in text
+        if relative is None:
+            assert "outside the published evidence" in text
+        else:
+            assert f"±{relative:.1%}" in text
+    from btk.planner.band import BAND_FILE
+
+    most_nodes = json.loads(BAND_FILE.read_text())["envelope"]["nodes"][1]
+    assert (relative is None) == (int(nodes) > most_nodes)
