@@ -11,7 +11,11 @@ checkpoint, so a resumed run sees exactly the batches an uninterrupted one would
 from __future__ import annotations
 
 import bisect
+import contextlib
+import os
+import weakref
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -119,7 +123,9 @@ class TokenShards:
         else:
             self.manifest = read_manifest(directory)
         self.seq_len = seq_len
-        self._arrays = [self._map(shard.file) for shard in self.manifest.shards]
+        self._dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
+        self._files = [self._open(shard.file) for shard in self.manifest.shards]
+        weakref.finalize(self, _close_all, list(self._files))
         counts = [max(0, (shard.num_tokens - 1) // seq_len) for shard in self.manifest.shards]
         self._starts: list[int] = list(np.cumsum([0, *counts]).tolist())
         if self._starts[-1] == 0:
@@ -128,23 +134,43 @@ class TokenShards:
                 f"{seq_len + 1} tokens; lower seq_len or add data"
             )
 
-    def _map(self, name: str) -> np.memmap[Any, Any]:
-        """Memory-map one shard; a file that cannot be opened (permissions, gone, empty) is one line."""
+    def _open(self, name: str) -> int:
+        """Open one shard for reading; a file that cannot be opened (permissions, gone) is one line."""
         try:
-            return np.memmap(self.directory / name, dtype=np.dtype(self.manifest.dtype).newbyteorder("<"), mode="r")
-        except (OSError, ValueError) as error:  # ValueError: numpy cannot map an empty file
+            return os.open(self.directory / name, os.O_RDONLY)
+        except OSError as error:
             raise BtkError(f"dataset {self.directory}: shard {name} cannot be read ({error})") from None
 
     def __len__(self) -> int:
         return self._starts[-1]
 
     def window(self, index: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Tokens of window ``index`` (length ``seq_len + 1``) as int64."""
+        """Tokens of window ``index`` (length ``seq_len + 1``) as int64.
+
+        Read with ``pread`` (the interpreter lock is released while the file system answers, so a
+        loader thread waiting on a slow read does not hold up the training thread, as a page fault
+        in a memory map would); a shard shorter than its manifest says is one line.
+        """
         if not 0 <= index < len(self):
             raise IndexError(index)
         shard = bisect.bisect_right(self._starts, index) - 1
-        offset = (index - self._starts[shard]) * self.seq_len
-        return np.asarray(self._arrays[shard][offset : offset + self.seq_len + 1], dtype=np.int64)
+        width = self._dtype.itemsize
+        wanted = (self.seq_len + 1) * width
+        start = (index - self._starts[shard]) * self.seq_len * width
+        data = b""
+        while len(data) < wanted:
+            chunk = os.pread(self._files[shard], wanted - len(data), start + len(data))
+            if not chunk:
+                raise BtkError(f"dataset {self.directory}: shard {self.manifest.shards[shard].file} is shorter than "
+                               "its manifest says; restage the data")
+            data += chunk
+        return np.frombuffer(data, dtype=self._dtype).astype(np.int64)
+
+
+def _close_all(descriptors: list[int]) -> None:
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
 
 
 @dataclass
@@ -181,24 +207,36 @@ class ResumableSampler:
         self.dp_rank = dp_rank
         self.seed = seed
         self.state = SamplerState()
-        self._order_epoch = -1
-        self._order: np.ndarray[Any, np.dtype[np.int64]] = np.empty(0, dtype=np.int64)
+        self._orders: dict[int, np.ndarray[Any, np.dtype[np.int64]]] = {}
 
     def _order_for(self, epoch: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        if epoch != self._order_epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-            self._order_epoch = epoch
-        return self._order
+        if epoch not in self._orders:
+            # Two epochs at most: the current one and the next, which a loader reading ahead reaches first.
+            self._orders = {known: order for known, order in self._orders.items() if known == epoch - 1}
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+        return self._orders[epoch]
+
+    def _draw(self, state: SamplerState) -> tuple[SamplerState, list[int], SamplerState]:
+        """(the state the micro-batch is drawn at, this rank's indices, the state after it) from ``state``."""
+        if state.position + self.global_batch > self.num_windows:
+            state = SamplerState(epoch=state.epoch + 1, position=0)
+        start = state.position + self.dp_rank * self.micro_batch_size
+        indices = [int(i) for i in self._order_for(state.epoch)[start : start + self.micro_batch_size].tolist()]
+        return state, indices, SamplerState(epoch=state.epoch, position=state.position + self.global_batch)
 
     def next_indices(self) -> list[int]:
         """This rank's window indices for the next global micro-batch; advances the state."""
-        if self.state.position + self.global_batch > self.num_windows:
-            self.state = SamplerState(epoch=self.state.epoch + 1, position=0)
-        order = self._order_for(self.state.epoch)
-        start = self.state.position + self.dp_rank * self.micro_batch_size
-        indices = order[start : start + self.micro_batch_size].tolist()
-        self.state = SamplerState(epoch=self.state.epoch, position=self.state.position + self.global_batch)
-        return [int(i) for i in indices]
+        _, indices, self.state = self._draw(self.state)
+        return indices
+
+    def upcoming(self, count: int) -> list[tuple[tuple[int, int], list[int]]]:
+        """The next ``count`` micro-batches as (``(epoch, position)`` before each, its indices); the state stays."""
+        found, state = [], self.state
+        for _ in range(count):
+            _, indices, after = self._draw(state)
+            found.append(((state.epoch, state.position), indices))
+            state = after
+        return found
 
     def state_dict(self) -> dict[str, int]:
         return {**self.state.as_dict(), "seed": self.seed, "num_windows": self.num_windows,
@@ -221,13 +259,71 @@ class Windows(Protocol):
     def window(self, index: int) -> np.ndarray[Any, Any]: ...
 
 
+HostBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+def read_batch(shards: Windows, indices: list[int], *, pin: bool) -> HostBatch:
+    """(inputs, targets) of the windows ``indices`` in host memory, pinned when ``pin`` (a CUDA copy to come)."""
+    tokens = torch.from_numpy(np.stack([shards.window(i) for i in indices]))
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    if pin:
+        return inputs.pin_memory(), targets.pin_memory()
+    return inputs, targets
+
+
+def to_device(batch: HostBatch, device: torch.device) -> HostBatch:
+    """The batch on ``device``: a copy queued on the current stream from pinned memory, on CUDA."""
+    if device.type != "cuda":
+        return batch
+    inputs, targets = batch
+    return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+
 def next_batch(
     shards: Windows, sampler: ResumableSampler, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of shape (micro_batch_size, seq_len) for this rank."""
-    windows = np.stack([shards.window(i) for i in sampler.next_indices()])
-    tokens = torch.from_numpy(windows)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    if device.type == "cuda":
-        return inputs.pin_memory().to(device, non_blocking=True), targets.pin_memory().to(device, non_blocking=True)
-    return inputs.contiguous(), targets.contiguous()
+    """(inputs, targets) of shape (micro_batch_size, seq_len) for this rank, read now."""
+    return to_device(read_batch(shards, sampler.next_indices(), pin=device.type == "cuda"), device)
+
+
+class BatchLoader:
+    """This rank's micro-batches, read ``ahead`` micro-batches in advance by a background thread.
+
+    The thread reads the windows (``pread``, which releases the interpreter lock while it waits),
+    stacks them and, on CUDA, pins them, so the training thread only queues the copy to the GPU
+    (torchtitan's data loader: worker-side reading, pinned memory). The sampler stays the one
+    source of truth: a micro-batch read ahead is keyed by the sampler state it is drawn at and
+    used only when the sampler reaches that state, so a sampler rewound (a step dropped at a
+    stop) or restored (a resume) gets exactly the batches of a loader that reads nothing ahead.
+    """
+
+    def __init__(self, shards: Windows, sampler: ResumableSampler, device: torch.device, *, ahead: int = 2) -> None:
+        self.shards, self.sampler, self.device, self.ahead = shards, sampler, device, ahead
+        self._pin = device.type == "cuda"
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="btk-data")
+        self._pending: dict[tuple[int, int], Future[HostBatch]] = {}
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of the sampler's next micro-batch on the device; advances the sampler."""
+        state = self.sampler.state
+        ready = self._pending.pop((state.epoch, state.position), None)
+        indices = self.sampler.next_indices()
+        batch = ready.result() if ready is not None else read_batch(self.shards, indices, pin=self._pin)
+        self._read_ahead()
+        return to_device(batch, self.device)
+
+    def _read_ahead(self) -> None:
+        upcoming = self.sampler.upcoming(self.ahead)
+        wanted = {key for key, _ in upcoming}
+        for stale in [key for key in self._pending if key not in wanted]:
+            self._pending.pop(stale).cancel()
+        for key, indices in upcoming:
+            if key not in self._pending:
+                self._pending[key] = self._reader.submit(read_batch, self.shards, indices, pin=self._pin)
+
+    def close(self) -> None:
+        """Drop what was read ahead and stop the thread."""
+        for pending in self._pending.values():
+            pending.cancel()
+        self._pending.clear()
+        self._reader.shutdown(wait=True)

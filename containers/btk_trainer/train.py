@@ -49,7 +49,7 @@ from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
 from btk_trainer.checkpoint import Checkpointer, TrainerState
-from btk_trainer.data import ResumableSampler, TokenShards, Windows, next_batch
+from btk_trainer.data import BatchLoader, ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.exiting import exit_without_finalizing
 from btk_trainer.launch import load_hyperparameters, report_failure
 from btk_trainer.layout import MeshShape, accumulation_for
@@ -262,6 +262,7 @@ def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
     *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
     phases: PhaseTimes | None = None, context: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    batches: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
@@ -272,6 +273,8 @@ def forward_backward(
     rank asks at the same one); when it says stop, the step is abandoned and None returned.
     ``context`` makes what each micro-batch's forward and backward run under
     (:func:`~btk_trainer.parallelize.train_context`: ``loss_parallel()`` with tensor parallelism).
+    ``batches`` gives the next micro-batch (the trainer's :class:`~btk_trainer.data.BatchLoader`,
+    reading ahead); by default each one is read when needed.
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
     timer = phases or PhaseTimes(None)
@@ -284,7 +287,7 @@ def forward_backward(
         if defer_all_reduce:
             cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
         with timer.phase("data"):
-            inputs, targets = next_batch(windows, sampler, device)
+            inputs, targets = batches() if batches is not None else next_batch(windows, sampler, device)
         with context():
             with timer.phase("forward"):
                 loss = model(inputs, targets) / accumulation
@@ -474,6 +477,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.spec.training, on_gpu=self.placement.on_gpu)
         self.windows, self.sampler = build_data(config, self.spec, self.dp_rank, self.dp_size)
         self.state = TrainerState(self.sampler)
+        self.loader = BatchLoader(self.windows, self.sampler, self.placement.device)
         self.checkpointer = Checkpointer(
             config.checkpoint_dir, model=self.model, optimizer=self.optimizer, state=self.state,
             interval=self.spec.job.checkpoint_interval_steps, keep=self.spec.job.keep_last_checkpoints,
@@ -530,6 +534,7 @@ class Trainer:
             self.loop(result)
         finally:
             gc.enable()
+            self.loader.close()
         result.saved_step = self.checkpointer.last_saved
         result.nonfinite_steps = self.state.nonfinite_steps
         result.phase_seconds = dict(self.phases.seconds)
@@ -619,7 +624,8 @@ class Trainer:
         loss_sum = forward_backward(self.model, self.windows, self.sampler, self.placement.device,
                                     self.spec.knobs.gradient_accumulation_steps,
                                     defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed,
-                                    phases=self.phases, context=lambda: train_context(self.shape))
+                                    phases=self.phases, context=lambda: train_context(self.shape),
+                                    batches=self.loader.next)
         if loss_sum is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.sampler.load_state_dict(data_position)

@@ -261,13 +261,14 @@ def test_unreadable_dataset_files_are_one_line(tmp_path: Path, monkeypatch: pyte
             verify_dataset(tmp_path / "ds")
 
 
-def test_a_shard_that_cannot_be_mapped_is_one_line(tmp_path: Path) -> None:
-    """Without verification (``verify="none"``) an emptied shard reaches numpy's memory map."""
+def test_a_shard_shorter_than_its_manifest_is_one_line_when_read(tmp_path: Path) -> None:
+    """Without verification (``verify="none"``) an emptied shard reaches the reads: one line, not garbage tokens."""
     tok_path = make_tokenizer(tmp_path / "tokenizer.json")
     tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(10))], tok_path, tmp_path / "ds", shard_tokens=40)
     (tmp_path / "ds" / "shard_00000.bin").write_bytes(b"")
-    with pytest.raises(BtkError, match=r"^dataset .*: shard shard_00000.bin cannot be read \(cannot mmap an empty"):
-        TokenShards(tmp_path / "ds", seq_len=8, verify="none")
+    shards = TokenShards(tmp_path / "ds", seq_len=8, verify="none")
+    with pytest.raises(BtkError, match=r"^dataset .*: shard shard_00000.bin is shorter than its manifest says"):
+        shards.window(0)
 
 
 def test_tokenize_refuses_a_tokenizer_larger_than_the_model(tmp_path: Path) -> None:
@@ -367,3 +368,51 @@ def test_a_new_dataset_version_is_hashed_whole(tmp_path: Path, monkeypatch: pyte
     hashed = _hashed_shards(monkeypatch)
     TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
     assert len(hashed) == len(manifest.shards)
+
+
+class _RecordingWindows:
+    """Synthetic windows that remember which thread read each."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.readers = count, []  # type: list[str]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def window(self, index: int) -> np.ndarray[Any, Any]:
+        import threading
+
+        self.readers.append(threading.current_thread().name)
+        return np.arange(index, index + 9, dtype=np.int64)
+
+
+def test_the_loader_reads_ahead_in_the_background_and_gives_the_samplers_batches() -> None:
+    """Across epochs, a rewound step (a stop) and a restored state (a resume), the loader gives exactly what reading
+    each batch when needed gives; after the first, every batch was read by the loader's thread."""
+    from btk_trainer.data import BatchLoader
+
+    def sampler() -> ResumableSampler:
+        return ResumableSampler(40, micro_batch_size=3, dp_rank=1, dp_size=2, seed=5)
+
+    windows, plain_windows = _RecordingWindows(40), _RecordingWindows(40)
+    loaded, plain = sampler(), sampler()
+    loader = BatchLoader(windows, loaded, torch.device("cpu"), ahead=2)
+    try:
+        for step in range(14):  # 6 micro-batches per epoch: crosses two epoch boundaries
+            if step == 9:
+                rewind = loaded.state_dict()
+            if step == 11:  # a dropped step: the sampler goes back, the batches read ahead are not used
+                loaded.load_state_dict(rewind)
+                plain.load_state_dict(rewind)
+            got = loader.next()
+            expected = next_batch(plain_windows, plain, torch.device("cpu"))
+            for mine, reference in zip(got, expected, strict=True):
+                assert torch.equal(mine, reference), step
+    finally:
+        loader.close()
+    first_read = windows.readers[:3]
+    assert first_read == ["MainThread"] * 3
+    background = [name for name in windows.readers[3:] if name != "MainThread"]
+    assert background and all(name.startswith("btk-data") for name in background)
+    # Only the first batch and the first after the rewind were read on the training thread.
+    assert windows.readers.count("MainThread") == 6
