@@ -14,7 +14,8 @@ Per ``EnvironmentConfig.capacity``:
 
 The handlers (``lambda/training_plan/index.py``) run under the CDK ``Provider`` framework. Their
 asset is bundled locally (no Docker) with a copy of the ``btk/capacity`` package, the one source of the
-training-plan rules shared with ``btk capacity``.
+training-plan rules shared with ``btk capacity``, and of ``btk/pagination.py``, which it reads AWS's
+answers with.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from constructs import Construct, IConstruct
 
-from btk import capacity
+from btk import capacity, pagination
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, ReservePlanCapacity
 from training_constructs.nag import (
     acknowledge,
@@ -59,6 +60,8 @@ from training_constructs.retention import RETENTION_DAYS
 HANDLER_DIR = Path(__file__).parent / "lambda" / "training_plan"
 #: The ``btk.capacity`` package, bundled byte for byte with the handler.
 CAPACITY_PACKAGE = Path(capacity.__file__).parent
+#: ``btk.pagination`` (bounded listings, answers held to their documented shape), which the package imports.
+PAGINATION_MODULE = Path(pagination.__file__)
 #: The latest Python runtime aws-cdk-lib 2.275 knows.
 HANDLER_RUNTIME = lambda_.Runtime.PYTHON_3_14
 #: One search, one list and one purchase (onEvent), or one describe (isComplete), with botocore's retries.
@@ -92,7 +95,7 @@ DEFAULT_WAIT_TIMEOUT = Duration.minutes(55)
 
 @jsii.implements(ILocalBundling)
 class _CapacityBundle:
-    """Local bundling: the handler directory plus the ``btk.capacity`` package under a bare ``btk``."""
+    """Local bundling: the handler directory plus ``btk.capacity`` and ``btk.pagination`` under a bare ``btk``."""
 
     def try_bundle(self, output_dir: str, *args: Any, **kwargs: Any) -> bool:
         output = Path(output_dir)
@@ -100,7 +103,10 @@ class _CapacityBundle:
             shutil.copyfile(source, output / source.name)
         package = output / "btk"
         package.mkdir(exist_ok=True)
-        (package / "__init__.py").write_text('"""btk.capacity only (bundled for the training-plan handler)."""\n')
+        (package / "__init__.py").write_text(
+            '"""btk.capacity and btk.pagination only (bundled for the training-plan handler)."""\n'
+        )
+        shutil.copyfile(PAGINATION_MODULE, package / PAGINATION_MODULE.name)
         (package / "capacity").mkdir(exist_ok=True)
         for source in sorted(CAPACITY_PACKAGE.glob("*.py")):
             shutil.copyfile(source, package / "capacity" / source.name)
@@ -108,7 +114,7 @@ class _CapacityBundle:
 
 
 def handler_code() -> lambda_.Code:
-    """The handler asset; hashed on its bundled output, so a change to btk/capacity/ redeploys."""
+    """The handler asset; hashed on its bundled output, so a change to btk/capacity/ or btk/pagination.py redeploys."""
     return lambda_.Code.from_asset(
         str(HANDLER_DIR),
         asset_hash_type=AssetHashType.OUTPUT,

@@ -6,22 +6,25 @@ the reservation request, offerings, plans, errors), :mod:`.pricing` (fees), :mod
 client and one-line errors), :mod:`.offerings` (offering search and ranking), :mod:`.plans`
 (plan lookup, waiting, fit) and :mod:`.purchase` (the purchase guards). This module re-exports
 them: callers use ``btk.capacity``. The custom resource's asset bundles a byte-identical copy
-of the package, so it must stay importable on the Lambda Python runtime with nothing but the
-standard library and boto3: no pydantic, no other ``btk`` module, and boto3/botocore only
-inside functions (``btk plan`` never pays for importing them).
+of the package and of :mod:`btk.pagination`, so both must stay importable on the Lambda Python
+runtime with nothing but the standard library and boto3: no pydantic, no other ``btk`` module,
+and boto3/botocore only inside functions (``btk plan`` never pays for importing them).
 
 A plan charges its up-front fee when bought, cannot be modified and has no delete API. The
 rules encoded here:
 
 - a plan's name is derived from its reservation inputs (:meth:`ReservationRequest.plan_name`),
   so a retry after a timeout finds the plan it already bought instead of buying again;
-- :func:`find_or_buy_plan` buys only with ``purchase_approved`` and only an offering whose
-  fee is at most ``max_upfront_fee`` and every one of whose capacity blocks states the
-  environment's AZ (a block that states no AZ cannot be checked, so it is refused);
+- :func:`find_or_buy_plan` buys only with ``purchase_approved`` and only an offering that matches
+  the request in every field: listed once, every capacity block in the environment's AZ with the
+  requested instance type and count, the requested duration inside the requested window, priced
+  in USD at most ``max_upfront_fee`` (a field the offering does not state is a mismatch);
 - it never buys while the environment already holds a live plan under another name: a
   reservation window computed from the clock would otherwise name a new plan on every deploy;
 - a plan found by name is verified like a plan given by ARN before it is used;
 - fees are parsed strictly (``1234.5`` or ``1,234.50``): an ambiguous text is no fee;
+- every answer is held to its documented shape and every listing is bounded
+  (:mod:`btk.pagination`, bundled with the package);
 - failures are :class:`CapacityError` with one line of text naming the cause and the fix.
 """
 
@@ -54,6 +57,8 @@ from btk.capacity.model import (
 )
 from btk.capacity.offerings import (
     LISTED_OFFERINGS_MAX,
+    PURCHASE_CURRENCY,
+    duplicate_ids,
     list_offerings,
     rank_offerings,
     rejection,
@@ -62,6 +67,7 @@ from btk.capacity.offerings import (
 from btk.capacity.plans import (
     DEFAULT_POLL_SECONDS,
     DEFAULT_WAIT_SECONDS,
+    LIST_PLANS_MAX_PAGES,
     describe_plan,
     list_plans,
     live_environment_plans,
@@ -93,10 +99,12 @@ __all__ = [
     "DEFAULT_POLL_SECONDS",
     "DEFAULT_WAIT_SECONDS",
     "LISTED_OFFERINGS_MAX",
+    "LIST_PLANS_MAX_PAGES",
     "NAME_PREFIX",
     "NAME_TAKEN_CODES",
     "PLAN_HASH_CHARS",
     "PLAN_NAME_MAX",
+    "PURCHASE_CURRENCY",
     "READY_STATUSES",
     "TARGET_RESOURCE",
     "CapacityError",
@@ -109,6 +117,7 @@ __all__ = [
     "TrainingPlan",
     "create_plan",
     "describe_plan",
+    "duplicate_ids",
     "ensure_reserved_plan",
     "find_or_buy_plan",
     "format_fee",

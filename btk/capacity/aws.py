@@ -1,10 +1,14 @@
-"""The SageMaker client and its failures as one line each (boto3/botocore imported inside functions only)."""
+"""The SageMaker client, its failures as one line each, and its answers held to their documented shape.
+
+boto3/botocore are imported inside functions only.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from btk.capacity.model import CapacityError
+from btk.pagination import check_answer, output_shape
 
 
 def sagemaker_client(region: str) -> Any:
@@ -15,14 +19,28 @@ def sagemaker_client(region: str) -> Any:
 
 
 def _call(client: Any, operation: str, **parameters: Any) -> dict[str, Any]:
-    """Call ``operation`` and turn any AWS/botocore failure into one CapacityError line."""
+    """Call ``operation``: an AWS/botocore failure, or an answer outside its documented shape, is one CapacityError."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        response: dict[str, Any] = getattr(client, operation)(**parameters)
+        response = getattr(client, operation)(**parameters)
     except (ClientError, BotoCoreError) as error:
         raise _one_line(error, operation) from None
-    return response
+    return _answer(client, operation, response)
+
+
+def _answer(client: Any, operation: str, response: Any) -> dict[str, Any]:
+    """``response`` of ``operation`` once it has the operation's documented shape (else one CapacityError line)."""
+    api = _api_name(operation)
+    checked: dict[str, Any] = check_answer(
+        response, output_shape(client, "sagemaker", api), operation=f"sagemaker:{api}", error=CapacityError
+    )
+    return checked
+
+
+def _api_name(operation: str) -> str:
+    """The API's name of a boto3 method: ``list_training_plans`` → ``ListTrainingPlans``."""
+    return "".join(part.capitalize() for part in operation.split("_"))
 
 
 def _one_line(error: Exception, operation: str) -> CapacityError:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from btk.capacity.aws import _call, _is_not_found, _one_line
+from btk.capacity.aws import _answer, _call, _is_not_found, _one_line
 from btk.capacity.model import (
     DEAD_STATUSES,
     TARGET_RESOURCE,
@@ -19,10 +19,16 @@ from btk.capacity.model import (
     plan_name_prefix,
     utc,
 )
+from btk.pagination import paginate
 
 DEFAULT_WAIT_SECONDS = 600.0
 
 DEFAULT_POLL_SECONDS = 15.0
+
+#: Pages of ListTrainingPlans one listing may take: 10,000 plans at ``MaxResults`` 100, far more
+#: than an account holds, while a listing that never ends stops after 100 calls, well inside the
+#: reservation Lambda's timeout.
+LIST_PLANS_MAX_PAGES = 100
 
 
 def describe_plan(client: Any, name_or_arn: str) -> TrainingPlan | None:
@@ -35,26 +41,23 @@ def describe_plan(client: Any, name_or_arn: str) -> TrainingPlan | None:
         if _is_not_found(error):
             return None
         raise _one_line(error, "describe_training_plan") from None
-    return TrainingPlan.from_api(response)
+    return TrainingPlan.from_api(_answer(client, "describe_training_plan", response))
 
 
 def list_plans(client: Any, name_prefix: str = "") -> list[TrainingPlan]:
-    """Every plan of the account and region (all pages) whose name starts with ``name_prefix``."""
-    plans: list[TrainingPlan] = []
-    token: str | None = None
-    while True:
-        parameters: dict[str, Any] = {"MaxResults": 100, "SortBy": "StartTime", "SortOrder": "Ascending"}
-        if token:
-            parameters["NextToken"] = token
-        response = _call(client, "list_training_plans", **parameters)
-        plans.extend(
-            TrainingPlan.from_api(item)
-            for item in response.get("TrainingPlanSummaries", [])
-            if str(item.get("TrainingPlanName", "")).startswith(name_prefix)
-        )
-        token = response.get("NextToken")
-        if not token:
-            return plans
+    """Every plan of the account and region (all pages) whose name starts with ``name_prefix``.
+
+    Bounded: a repeated page token or more than :data:`LIST_PLANS_MAX_PAGES` pages is one CapacityError.
+    """
+    parameters: dict[str, Any] = {"MaxResults": 100, "SortBy": "StartTime", "SortOrder": "Ascending"}
+    summaries = paginate(
+        lambda token: _call(client, "list_training_plans", **parameters, **({"NextToken": token} if token else {})),
+        operation="sagemaker:ListTrainingPlans",
+        result_key="TrainingPlanSummaries",
+        max_pages=LIST_PLANS_MAX_PAGES,
+        error=CapacityError,
+    )
+    return [TrainingPlan.from_api(item) for item in summaries if str(item["TrainingPlanName"]).startswith(name_prefix)]
 
 
 def live_environment_plans(client: Any, environment: str, now: datetime) -> list[TrainingPlan]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from btk.capacity.aws import _error_code, _one_line
+from btk.capacity.aws import _answer, _error_code, _one_line
 from btk.capacity.model import CapacityError, Offering, ReservationRequest, TrainingPlan, iso
-from btk.capacity.offerings import list_offerings, rank_offerings, rejection, search_offerings
+from btk.capacity.offerings import duplicate_ids, list_offerings, rank_offerings, rejection, search_offerings
 from btk.capacity.plans import (
     DEFAULT_POLL_SECONDS,
     DEFAULT_WAIT_SECONDS,
@@ -43,7 +43,7 @@ def create_plan(client: Any, name: str, offering_id: str) -> str:
             if existing is not None:
                 return existing.arn
         raise _one_line(error, "create_training_plan") from None
-    return str(response["TrainingPlanArn"])
+    return str(_answer(client, "create_training_plan", response)["TrainingPlanArn"])
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,10 @@ def find_or_buy_plan(
     1. A plan named ``request.plan_name()`` exists: it is the one (never buy twice).
     2. The environment holds another live plan (not Failed/Expired, not ended): refuse — a
        second plan for one environment is never bought implicitly.
-    3. Otherwise search, rank, and buy the best offering in the environment's AZ with a fee of at
-       most ``max_upfront_fee`` — only when ``purchase_approved``; any other case raises a
-       CapacityError listing the offerings.
+    3. Otherwise search, rank, and buy the best offering that matches the request in every field
+       (:func:`~btk.capacity.offerings.rejection`: the environment's AZ, instance type and count,
+       duration, window, a unique id, a USD fee of at most ``max_upfront_fee``) — only when
+       ``purchase_approved``; any other case raises a CapacityError listing the offerings.
 
     A bought plan is Pending until its payment clears: :func:`ready_plan` says when it may be used.
     """
@@ -108,11 +109,12 @@ def find_or_buy_plan(
     listing = list_offerings(offerings, request, max_upfront_fee)
     if not purchase_approved:
         raise CapacityError(f"plan {name} not bought: set capacity.purchase_approved to buy; offerings: {listing}")
-    buyable = [offering for offering in offerings if rejection(offering, request, max_upfront_fee) is None]
+    duplicates = duplicate_ids(offerings)
+    buyable = [offering for offering in offerings if rejection(offering, request, max_upfront_fee, duplicates) is None]
     if not buyable:
         raise CapacityError(
-            f"plan {name} not bought: no offering in {request.availability_zone} within max_upfront_fee "
-            f"{max_upfront_fee:,.2f}; offerings: {listing}"
+            f"plan {name} not bought: no offering in {request.availability_zone} matches {window} "
+            f"within max_upfront_fee {max_upfront_fee:,.2f} USD; offerings: {listing}"
         )
     best = buyable[0]
     arn = create_plan(client, name, best.offering_id)

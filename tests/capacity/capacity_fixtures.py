@@ -78,6 +78,7 @@ def offering(
     count: int = 2,
     instance_type: str = INSTANCE,
     targets: tuple[str, ...] = ("training-job",),
+    currency: str | None = "USD",
 ) -> dict[str, Any]:
     """One SearchTrainingPlanOfferings item, as the API returns it."""
     item: dict[str, Any] = {
@@ -85,7 +86,6 @@ def offering(
         "TargetResources": list(targets),
         "DurationHours": hours,
         "DurationMinutes": 0,
-        "CurrencyCode": "USD",
         "ReservedCapacityOfferings": [
             {
                 "InstanceType": instance_type,
@@ -100,6 +100,8 @@ def offering(
     }
     if fee is not None:
         item["UpfrontFee"] = fee
+    if currency is not None:
+        item["CurrencyCode"] = currency
     return item
 
 

@@ -27,7 +27,7 @@ from capacity_fixtures import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from btk import capacity
+from btk import capacity, pagination
 
 NAME_PATTERN = (
     botocore.session.get_session().get_service_model("sagemaker").shape_for("TrainingPlanName").metadata["pattern"]
@@ -140,8 +140,8 @@ def test_ranking_puts_the_az_first_then_earliest_start_then_lowest_fee_then_id()
         (offering("ok", fee="100.00"), None),
         (offering("hp", targets=("hyperpod-cluster",)), "targets hyperpod-cluster, not training-job"),
         (offering("az", az="us-east-1d"), "AZ us-east-1d is not the environment's us-east-1a"),
-        (offering("type", instance_type="ml.p5.48xlarge"), "instance type is not ml.p6-b200.48xlarge"),
-        (offering("few", count=1), "1 instances < 2"),
+        (offering("type", instance_type="ml.p5.48xlarge"), "instance type ml.p5.48xlarge, not ml.p6-b200.48xlarge"),
+        (offering("few", count=1), "1 instances, not 2"),
         (offering("nofee", fee=None), "the offering states no up-front fee"),
         (offering("badfee", fee="call us"), "the offering states no up-front fee"),
         (offering("dear", fee="1,000.01"), "fee 1,000.01 USD > max_upfront_fee 1,000.00"),
@@ -233,20 +233,24 @@ def test_iso_times_are_parsed_as_utc(text: str) -> None:
 
 
 def test_the_package_runs_on_lambda_with_only_the_standard_library_and_boto3() -> None:
-    """The handler asset bundles this package alone: top-level imports are the standard library
-    and the package's own modules."""
+    """The handler asset bundles this package and btk/pagination.py alone: their top-level imports are
+    the standard library, the package's own modules and btk.pagination."""
     package = Path(capacity.__file__).parent
     assert sorted(path.name for path in package.glob("*.py")) == [
         "__init__.py", "aws.py", "model.py", "offerings.py", "plans.py", "pricing.py", "purchase.py",
     ]
-    for path in package.glob("*.py"):
+    standard = {
+        "__future__", "hashlib", "math", "re", "time", "collections", "dataclasses", "datetime", "typing", "functools",
+    }
+    for path in [*package.glob("*.py"), Path(pagination.__file__)]:
         top_level: set[str] = set()
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Import):
                 top_level.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module:
                 top_level.add(node.module)
-        foreign = {name for name in top_level if name.split(".")[0] not in {
-            "__future__", "hashlib", "math", "re", "time", "collections", "dataclasses", "datetime", "typing"
-        } and not name.startswith("btk.capacity.")}
+        foreign = {
+            name for name in top_level
+            if name.split(".")[0] not in standard and not name.startswith("btk.capacity.") and name != "btk.pagination"
+        }
         assert foreign == set(), f"{path.name} imports {sorted(foreign)}"

@@ -18,7 +18,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 from capacity_fixtures import ACCOUNT, REGION
 
-from btk import capacity
+from btk import capacity, pagination
 from btk.environment import EnvironmentConfig, ExistingPlanCapacity, OnDemandCapacity, ReservePlanCapacity
 from training_constructs.nag import apply_nag
 from training_constructs.training_plan import (
@@ -260,17 +260,19 @@ def handler_asset(synth: Synth) -> Path:
     return synth.outdir / f"asset.{asset_hash}"
 
 
-def test_bundled_asset_holds_the_handler_and_a_byte_identical_capacity_package(reserve: Synth) -> None:
+def test_bundled_asset_holds_the_handler_and_byte_identical_capacity_and_pagination(reserve: Synth) -> None:
     asset = handler_asset(reserve)
     package = Path(capacity.__file__).parent
     modules = sorted(path.name for path in package.glob("*.py"))
     assert sorted(str(p.relative_to(asset)) for p in asset.rglob("*.py")) == [
         "btk/__init__.py",
         *(f"btk/capacity/{name}" for name in modules),
+        "btk/pagination.py",
         "index.py",
     ]
     for name in modules:
         assert (asset / "btk" / "capacity" / name).read_bytes() == (package / name).read_bytes(), name
+    assert (asset / "btk" / "pagination.py").read_bytes() == Path(pagination.__file__).read_bytes()
 
 
 def test_bundled_handler_imports_without_pydantic_or_the_rest_of_btk(reserve: Synth) -> None:
@@ -289,7 +291,7 @@ def test_bundled_handler_imports_without_pydantic_or_the_rest_of_btk(reserve: Sy
     assert result["btk"] == ["btk", "btk.capacity"] + [
         f"btk.capacity.{path.stem}" for path in sorted(Path(capacity.__file__).parent.glob("*.py"))
         if path.stem != "__init__"
-    ]
+    ] + ["btk.pagination"]
 
 
 def test_synth_is_deterministic(tmp_path: Path, reserve: Synth) -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 
@@ -49,6 +50,23 @@ ENVIRONMENTS = {env.name: env for env in (ON_DEMAND_ENV, RESERVE_ENV)}
 SOLD_AS_PLANS = cache(capacity.plan_instance_types)
 
 
+@cache
+def empty_answer(operation: str) -> dict[str, Any]:
+    """The documented answer of a SageMaker operation with nothing in it: every required list empty
+    (``{}`` for an operation SageMaker does not have: the doctor asks the stand-in for other services too)."""
+    api = "".join(part.capitalize() for part in operation.split("_"))
+    model = _sagemaker_model()
+    if api not in model.operation_names:
+        return {}
+    shape = model.operation_model(api).output_shape
+    return {name: [] for name in shape.required_members if shape.members[name].type_name == "list"}
+
+
+@cache
+def _sagemaker_model() -> Any:
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
 @dataclass
 class EmptySageMaker:
     """A SageMaker client with nothing in it: no offerings, plans, pipelines or jobs."""
@@ -66,7 +84,7 @@ class EmptySageMaker:
 
         def empty(**parameters: Any) -> dict[str, Any]:
             self.calls.append(operation)
-            return {}
+            return dict(empty_answer(operation))
 
         return empty
 

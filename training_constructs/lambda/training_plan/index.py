@@ -1,8 +1,8 @@
 """Custom-resource handlers (CDK Provider framework ``onEvent`` and ``isComplete``) for a SageMaker training plan.
 
-The asset holds this file plus a copy of the ``btk/capacity`` package (bundled at synth by
-``training_constructs/training_plan.py``), so all training-plan logic has one source; this
-module only maps CloudFormation lifecycle events onto it:
+The asset holds this file plus a copy of the ``btk/capacity`` package and of ``btk/pagination.py``
+(bundled at synth by ``training_constructs/training_plan.py``), so all training-plan logic has one
+source; this module only maps CloudFormation lifecycle events onto it:
 
 - ``existing`` mode: Create/Update verify the configured plan (exists, serves training jobs,
   instance type, AZ, instance count); the physical id is the plan ARN; complete at once.
@@ -18,12 +18,17 @@ module only maps CloudFormation lifecycle events onto it:
 - Delete: no API call. A plan has no delete API and expires on its own end date.
 
 Custom-resource property values arrive as strings; ``Data.PlanArn`` is what the stack reads.
+A failure is raised as one line, which the Provider framework reports to CloudFormation as the
+resource's FAILED reason: every AWS answer is held to its documented shape and every listing is
+bounded, so an odd answer fails the deploy at once with the call named instead of running the
+function to its timeout.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -54,12 +59,27 @@ def sagemaker_client() -> Any:
 
 def on_event(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point of ``onEvent``."""
-    return handle(event, sagemaker_client())
+    return _failing_in_one_line(lambda: handle(event, sagemaker_client()))
 
 
 def is_complete(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point of ``isComplete``."""
-    return check_complete(event, sagemaker_client())
+    return _failing_in_one_line(lambda: check_complete(event, sagemaker_client()))
+
+
+def _failing_in_one_line(step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``step()``; an error the handlers did not foresee still fails the deploy with one readable line
+    (its traceback goes to the function's log), never a bare ``KeyError: 'x'``."""
+    try:
+        return step()
+    except capacity.CapacityError:
+        raise
+    except Exception as error:
+        _log({"UnexpectedError": traceback.format_exc()})
+        detail = " ".join(str(error).split())
+        raise capacity.CapacityError(
+            f"the training-plan handler failed: {type(error).__name__}: {detail} (see the function's log)"
+        ) from None
 
 
 def handle(event: dict[str, Any], client: Any, *, clock: Callable[[], float] = time.time) -> dict[str, Any]:
