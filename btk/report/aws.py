@@ -9,7 +9,10 @@ with exponential backoff once botocore has given up. The sleep function is injec
 that tests run instantly and can assert the delays.
 
 Listings follow ``NextToken`` through :func:`btk.pagination.paginate`: an answer that repeats a
-token or never runs out of pages stops the report with one line instead of looping.
+token or never runs out of pages stops the report with one line instead of looping. Every answer
+is held to its operation's documented shape (:func:`btk.pagination.check_answer`): one outside it
+stops the report with one line naming the call and the member, so the report's code reads required
+members directly and optional ones with a default.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from btk.errors import BtkError
-from btk.pagination import paginate
+from btk.pagination import check_answer, output_shape, paginate
 
 THROTTLING_CODES = frozenset(
     {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown"}
@@ -97,15 +100,22 @@ class SageMakerReader:
         self.throttled = 0
 
     def call(self, operation: str, **params: Any) -> dict[str, Any]:
-        """Call ``operation`` (the boto3 method name, e.g. ``describe_training_job``)."""
+        """Call ``operation`` (the boto3 method name, e.g. ``describe_training_job``); its answer has the
+        operation's documented shape (else one line)."""
+        action = _action(operation)
+        response = self._answer(operation, action, params)
+        shape = output_shape(self._client, "sagemaker", action.removeprefix("sagemaker:"))
+        checked: dict[str, Any] = check_answer(response, shape, operation=action, error=BtkError)
+        return checked
+
+    def _answer(self, operation: str, action: str, params: dict[str, Any]) -> Any:
+        """What ``operation`` answers, retried while throttled; every AWS failure is one line."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-        action = _action(operation)
         for attempt in range(1, self._max_attempts + 1):
             self.calls += 1
             try:
-                response: dict[str, Any] = getattr(self._client, operation)(**params)
-                return response
+                return getattr(self._client, operation)(**params)
             except ClientError as error:
                 code = _error_code(error)
                 if code in THROTTLING_CODES and attempt < self._max_attempts:

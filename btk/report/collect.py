@@ -10,7 +10,10 @@ Discovery uses two sources and merges them by job name:
 
 Each job is then read with ``DescribeTrainingJob`` (the authoritative record: status,
 billable seconds, transitions, final metrics, hyperparameters) and each training plan the
-jobs ran on with ``DescribeTrainingPlan``. Every list call is paginated.
+jobs ran on with ``DescribeTrainingPlan``. Every list call is paginated, and every answer has its
+operation's documented shape (:class:`~btk.report.aws.SageMakerReader` checks it): required
+members are read directly, optional ones with a default, and an item without what is needed to
+follow it (an execution without its ARN, a step whose job ARN names no job) is skipped with a note.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def _discover_from_pipelines(
     since: datetime,
     origins: dict[str, JobOrigin],
     missing: list[str],
+    notes: list[str],
 ) -> None:
     for profile in profiles:
         name = pipeline_name(environment, profile)
@@ -77,7 +81,10 @@ def _discover_from_pipelines(
             missing.append(name)
             continue
         for execution in executions:
-            execution_arn = execution["PipelineExecutionArn"]
+            execution_arn = execution.get("PipelineExecutionArn")
+            if not execution_arn:  # optional in the API's shape: without it the steps cannot be listed
+                notes.append(f"an execution of {name} is listed without its ARN: its jobs are found by their tags only")
+                continue
             steps = reader.pages(
                 "list_pipeline_execution_steps",
                 "PipelineExecutionSteps",
@@ -85,9 +92,9 @@ def _discover_from_pipelines(
                 MaxResults=PAGE_SIZE,
             )
             for step in steps:
-                job_arn = step.get("Metadata", {}).get("TrainingJob", {}).get("Arn")
-                if job_arn:
-                    origins.setdefault(_job_name_from_arn(job_arn), JobOrigin(profile, execution_arn))
+                job_name = _job_name_from_arn(step.get("Metadata", {}).get("TrainingJob", {}).get("Arn", ""))
+                if job_name:
+                    origins.setdefault(job_name, JobOrigin(profile, execution_arn))
 
 
 def search_expression(environment: str, since: datetime, profile: str | None) -> dict[str, Any]:
@@ -118,7 +125,7 @@ def _discover_from_tags(
         name = job.get("TrainingJobName")
         if not name:
             continue
-        tags = {tag["Key"]: tag.get("Value", "") for tag in job.get("Tags", [])}
+        tags = {tag["Key"]: tag["Value"] for tag in job.get("Tags", [])}
         origins.setdefault(name, JobOrigin()).tags.update(tags)
 
 
@@ -141,7 +148,7 @@ def collect(
     origins: dict[str, JobOrigin] = {}
     missing: list[str] = []
     notes: list[str] = []
-    _discover_from_pipelines(reader, environment, profiles, since, origins, missing)
+    _discover_from_pipelines(reader, environment, profiles, since, origins, missing, notes)
     _discover_from_tags(reader, environment, since, only_profile, origins)
 
     progress = Progress(len(origins), "describing training jobs", stream=progress_stream)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from btk.capacity.pricing import parse_fee
 from btk.errors import BtkError, UnknownNameError
 from btk.hardware import get_instance_type
 from btk.hyperparameters import from_hyperparameters
@@ -221,7 +222,12 @@ def _parse_knobs(
 
 
 def _final_metrics(job: dict[str, Any]) -> dict[str, float]:
-    return {item["MetricName"]: float(item["Value"]) for item in job.get("FinalMetricDataList", [])}
+    """The job's final metrics by name (a metric's name and value are optional in the API's shape)."""
+    return {
+        item["MetricName"]: float(item["Value"])
+        for item in job.get("FinalMetricDataList", [])
+        if "MetricName" in item and "Value" in item
+    }
 
 
 def _error_pct(achieved: float | None, predicted: float | None) -> float | None:
@@ -236,17 +242,17 @@ def _plans(collection: Collection, notes: list[str]) -> dict[str, _Plan]:
         name = plan.get("TrainingPlanName", arn.rsplit("/", 1)[-1])
         hours = float(plan.get("DurationHours", 0)) + float(plan.get("DurationMinutes", 0)) / 60.0
         count = int(plan.get("TotalInstanceCount", 0))
-        try:
-            fee = float(plan.get("UpfrontFee", "nan"))
-        except ValueError:
-            fee = float("nan")
-        if hours <= 0 or count <= 0 or fee != fee:
+        fee = parse_fee(plan.get("UpfrontFee"))
+        if hours <= 0 or count <= 0 or fee is None:
             notes.append(f"training plan {name} has no fee, duration or instance count; its jobs have no cost")
             continue
-        currency = str(plan.get("CurrencyCode", "USD"))
+        currency = str(plan.get("CurrencyCode", ""))
         per_hour = fee / (hours * count)
         if currency != "USD":
-            notes.append(f"training plan {name} is priced in {currency}: its jobs are left out of the USD cost")
+            notes.append(
+                f"training plan {name} is priced in {currency or 'an unstated currency'}: "
+                "its jobs are left out of the USD cost"
+            )
         plans[arn] = _Plan(
             PlanReport(
                 name=name,
@@ -337,7 +343,7 @@ def _prediction_of(
     )
     if achieved.achieved_tps is None and outcome.ended:
         notes.append("no final metrics")
-    if knobs is None or len(outcome.resources) != 1:
+    if knobs is None or len(outcome.resources) != 1 or outcome.instance_count < 1:
         return achieved
     try:
         prediction = predictor(profile, outcome.resources[0][0], outcome.instance_count, knobs, architecture)

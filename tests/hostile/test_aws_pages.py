@@ -6,8 +6,10 @@ cycle), that are missing, null, empty, not text, or new on every page without en
 that are missing, null, empty or not a list; pages that are not objects. ``btk report`` must
 
 - finish (no hang: the stand-in counts its calls and fails the test past a bound),
-- exit 0 with output when every listing it was served ends properly,
-- exit 2 with one line naming the call when any listing does not (never a partial answer),
+- exit 0 with output when every listing it was served ends properly with pages of the documented
+  shape,
+- exit 2 with one line naming the call when any listing does not, or a page is outside the shape
+  (a null member included; never a partial answer),
 - never raise.
 
 Generated cases per run: 300 report runs, each served up to 3 listings of up to 6 scripted pages
@@ -84,12 +86,17 @@ class ScriptedSageMaker:
 
     @staticmethod
     def _well_formed(operation: str, page: Any, listing: Listing) -> bool:
+        """A page of the documented shape (a null is none: botocore's parser drops JSON nulls) that
+        names no page already given."""
         if not isinstance(page, dict):
             return False
-        items, token = page.get(RESULT_KEYS[operation]), page.get("NextToken")
-        if items is not None and not isinstance(items, list):
+        key = RESULT_KEYS[operation]
+        if key in page and not isinstance(page[key], list):
             return False
-        return token is None or token == "" or (isinstance(token, str) and token not in listing.given)
+        if "NextToken" in page and not isinstance(page["NextToken"], str):
+            return False
+        token = page.get("NextToken", "")
+        return token == "" or token not in listing.given
 
     def list_pipeline_executions(self, **parameters: Any) -> Any:
         return self._page("list_pipeline_executions", parameters)
