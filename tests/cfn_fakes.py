@@ -95,3 +95,17 @@ def resolve(
         assert isinstance(node["Fn::Sub"], str), node
         return re.sub(r"\$\{([^}]+)\}", lambda m: fake_value(template, m.group(1), None, extra), node["Fn::Sub"])
     return {key: resolve(template, value, extra, allow_sub) for key, value in node.items()}
+
+
+def in_fake_region(env: Any) -> Any:
+    """``env`` (an EnvironmentConfig) moved to the fakes' region, same zone letter.
+
+    The ARNs these fakes and the permission tests build are in :data:`REGION`; a template
+    synthesized for another region writes that region literally. What a role may do does not
+    depend on the region, so permission tests check a user's environment in this region (all
+    of them in one region is also the strictest case for isolation).
+    """
+    if env.region == REGION:
+        return env
+    zone = REGION + env.availability_zone[len(env.region):]
+    return env.model_copy(update={"region": REGION, "availability_zone": zone})

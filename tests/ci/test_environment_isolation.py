@@ -30,7 +30,7 @@ from stacks.bootstrap_stack import STACK_NAME_TAG, bootstrap_stack_name
 
 __all__ = ["synths"]
 
-ENVS = {env.name: env for env in environments.ENVIRONMENTS}
+ENVS = {env.name: cfn_fakes.in_fake_region(env) for env in environments.ENVIRONMENTS}
 PAIRS = [(a, b) for a, b in itertools.permutations(ENVS, 2) if ENVS[a].account == ENVS[b].account]
 ACCOUNT, REGION = cfn_fakes.ACCOUNT, cfn_fakes.REGION
 
@@ -146,7 +146,7 @@ def by_names(template: dict[str, Any], node: Any) -> Any:
 
 @functools.cache
 def bootstrap_template(env_name: str) -> dict[str, Any]:
-    return synthesize_bootstrap(ENVS[env_name], environments.ENVIRONMENTS)
+    return synthesize_bootstrap(ENVS[env_name], list(ENVS.values()))
 
 
 @functools.cache
