@@ -222,7 +222,7 @@ class ReservePlanCapacity(BaseModel):
         gt=0,
         le=MAX_UPFRONT_FEE,
         allow_inf_nan=False,
-        description="ceiling in the offering's currency (a finite number up to 1e12)",
+        description="ceiling in US dollars (offerings in another currency are never bought), finite, up to 1e12",
     )
     purchase_approved: bool = False
 

@@ -262,7 +262,7 @@ def _show(args: argparse.Namespace) -> int:
             window += f", ending before {capacity.iso(request.end_before)}"
         lines.append(f"{env.name}: reserve {window} in {env.availability_zone}")
         lines.append(
-            f"plan name {name}; max_upfront_fee {config.max_upfront_fee:,.2f}; "
+            f"plan name {name}; max_upfront_fee {config.max_upfront_fee:,.2f} USD; "
             f"purchase_approved {str(config.purchase_approved).lower()}"
         )
         plan = _describe(env, name)

@@ -256,7 +256,7 @@ def test_show_reserve_not_bought_yet(stubbed_sagemaker: StubbedSageMaker, capsys
     assert code == 0
     assert out.splitlines() == [
         "burst: reserve 2 x ml.p6-b200.48xlarge, 168 h after 2026-03-02T00:00:00+00:00 in us-east-1a",
-        f"plan name {name}; max_upfront_fee 150,000.00; purchase_approved true",
+        f"plan name {name}; max_upfront_fee 150,000.00 USD; purchase_approved true",
         "not bought yet: the next deploy buys the best offering within the ceiling in this AZ",
         "other plan of burst (earlier reservation inputs): btk-burst-00000000 Expired",
     ]
