@@ -231,7 +231,7 @@ def _described(value: Any) -> str:
         return "text"
     if isinstance(value, int | float):
         return "a number"
-    if isinstance(value, list | tuple):
+    if isinstance(value, list):
         return "a list"
     if isinstance(value, Mapping):
         return "an object"
