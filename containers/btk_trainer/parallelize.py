@@ -281,7 +281,7 @@ class VocabParallelCrossEntropy:
             local_targets = local_targets.clamp(0, shard_vocab - 1)
             logits, mine = self.statistics(hidden, head_weight, local_targets, inside)
             gathered = torch.empty((ranks * mine.shape[0], mine.shape[1]), dtype=mine.dtype, device=mine.device)
-            dist.all_gather_into_tensor(gathered, mine, group=group)
+            dist.all_gather_single(gathered, mine, group=group)
             every = gathered.view(ranks, *mine.shape)
             maximum = every[..., 0:1].amax(0)
             log_normaliser = maximum + (every[..., 1:2] * (every[..., 0:1] - maximum).exp()).sum(0).log()
