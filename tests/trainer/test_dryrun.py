@@ -18,6 +18,7 @@ import fixture_catalog
 import pytest
 import torch
 from btk_trainer import dryrun
+from btk_trainer.layout import mesh_shape
 from btk_trainer.model import Decoder
 from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen, tiny_qwen3
 
@@ -203,12 +204,14 @@ def full_size() -> dict[str, dryrun.DryRunResult]:
 @pytest.mark.slow
 @pytest.mark.parametrize("label", ["largest-shipped", *FULL_SIZE])
 def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
-    """The real model at its real size over the job's real world size: every parameter is there (the shards of
-    rank 0 times the ranks, less FSDP's padding), two steps train, and the plan's projected peak fits."""
+    """The real model at its real size over the job's real world size: every parameter is there (rank 0's fp32
+    shards times the ranks that hold different ones, less FSDP's padding), two steps train, and the plan's
+    projected peak fits."""
     result = full_size[label]
     case = result.case
     assert result.error is None and result.measured is not None
-    shards = result.measured.parameters * dryrun.GIB / 4 * case.world_size
+    shape = mesh_shape(case.world_size, case.nodes, case.knobs)
+    shards = result.measured.parameters * dryrun.GIB / 4 * shape.dp_shard * shape.tp
     assert case.architecture.parameter_count <= shards <= case.architecture.parameter_count * 1.001
     assert result.projected_gib is not None and result.projected_gib <= memory_budget_gib(case.instance)
 
