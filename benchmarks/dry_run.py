@@ -7,8 +7,8 @@ Run: ``.venv/bin/python benchmarks/dry_run.py [--validate] [--published] [--case
   once with real tensors on the CPU under ``torch.profiler`` and once on fake tensors. Per knob
   set: the CPU allocator's peak (every allocation since the model was built), the tracker's
   peak with real tensors, and its peak on fake tensors, with the static parts (fp32 master
-  shards, fp32 gradient shards, AdamW moments) beside an exact count of the sharded
-  parameters (FSDP2 pads each parameter's first dimension to a multiple of the ranks).
+  shards, fp32 gradient shards, AdamW moments and step counts) beside their exact count
+  (FSDP2 pads each parameter's first dimension to a multiple of the sharding ranks).
 * ``--published``: every published run of ``btk/planner/calibration_points.json`` that states
   its peak memory, dry-run on its model, knobs, GPUs and node count with the loss those runs
   used (the micro-batch's logits whole). The dry run is eager: for a run that compiled,
@@ -45,6 +45,7 @@ from btk_trainer.dryrun import (  # noqa: E402
     result_table,
     run_steps,
 )
+from btk_trainer.layout import mesh_shape  # noqa: E402
 from btk_trainer.model import Decoder  # noqa: E402
 
 from btk.hardware import get_instance_type  # noqa: E402
@@ -82,13 +83,16 @@ def toy_case(arch: ModelArchitecture, nodes: int, **knobs: object) -> DryRunCase
                       instance=B200, nodes=nodes, knobs=TrainingKnobs.model_validate(values))
 
 
-def sharded_parameter_count(case: DryRunCase) -> int:
-    """Rank 0's parameter elements under FSDP2 (tensor parallelism off): each parameter's first dimension padded
-    to a multiple of the data-parallel ranks, split evenly."""
+def exact_static_bytes(case: DryRunCase) -> int:
+    """Rank 0's fp32 master shards, fp32 gradient shards and AdamW moments under FSDP2 (tensor parallelism off):
+    16 bytes per element of each parameter's shard (its first dimension padded to a multiple of the sharding
+    ranks, then split), and AdamW's 4-byte step count per parameter."""
     with torch.device("meta"):
         model = Decoder(case.architecture)
-    ranks = case.world_size
-    return sum(math.ceil(p.shape[0] / ranks) * p[0].numel() for p in model.parameters())
+    shape = mesh_shape(case.world_size, case.nodes, case.knobs)
+    parameters = list(model.parameters())
+    shards = sum(math.ceil(p.shape[0] / shape.dp_shard) * p[0].numel() for p in parameters)
+    return 16 * shards + 4 * len(parameters)
 
 
 def validate() -> tuple[list[str], list[str]]:
@@ -98,7 +102,7 @@ def validate() -> tuple[list[str], list[str]]:
         allocator, real = cpu_allocator_peak(case)
         fake = run_steps(case)
         static = (real.parameters + real.gradients + real.optimizer) * GIB
-        exact = 16 * sharded_parameter_count(case) if case.knobs.tensor_parallel == 1 else None
+        exact = exact_static_bytes(case) if case.knobs.tensor_parallel == 1 else None
         rows.append((label, allocator * 1024, real.total * 1024, fake.total * 1024, static, exact))
 
     def mib(index: int) -> Callable[[tuple[object, ...]], str]:
@@ -110,7 +114,7 @@ def validate() -> tuple[list[str], list[str]]:
         Column("tracker, real MiB", mib(2), "right"),
         Column("tracker, fake MiB", mib(3), "right"),
         Column("static bytes", lambda row: f"{row[4]:,.0f}", "right"),
-        Column("16 B x sharded params", lambda row: "-" if row[5] is None else f"{row[5]:,}", "right"),
+        Column("exact count", lambda row: "-" if row[5] is None else f"{row[5]:,}", "right"),
     ])
     return table.text(rows), table.markdown(rows)
 

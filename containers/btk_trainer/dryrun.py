@@ -471,34 +471,49 @@ float8 operands to a wider type inside the call; cuBLASLt multiplies float8 dire
 def cpu_allocator_peak(case: DryRunCase) -> tuple[float, MeasuredMemory]:
     """The tracker checked against the CPU allocator: ``case`` with real tensors under ``torch.profiler``.
 
-    Returns the allocator's peak in GiB, every allocation since the model was built counted, and the
-    tracker's figures for the same run. Allocations an operator of :data:`EMULATED_ON_CPU` makes
-    and frees inside one call are left out (each such call counts as its net allocation at its
-    end). Small models only: the tensors are real.
+    Returns the allocator's peak in GiB over the blocks allocated since the model was built (a
+    block allocated earlier and freed during the run does not count) and the tracker's figures
+    for the same run. A block an operator of :data:`EMULATED_ON_CPU` allocates and frees inside
+    one call is left out. Small models only: the tensors are real.
     """
+    import json
+    import tempfile
+    from pathlib import Path
+
     from torch.profiler import ProfilerActivity, profile
 
-    gc.collect()  # an earlier run's cyclic garbage freed inside the window would count against this run
+    gc.collect()  # an earlier run's garbage is not this run's
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         measured = run_steps(case, fake=False)
-    events = list(profiler.profiler.kineto_results.events())
-    calls = sorted((event.start_ns(), event.end_ns()) for event in events if event.name() in EMULATED_ON_CPU)
-    timeline: list[tuple[int, int]] = []
-    net_of_call = dict.fromkeys(calls, 0)
-    for event in events:
-        if event.name() != "[memory]":
-            continue
-        at = event.start_ns()
-        call = next((call for call in calls if call[0] <= at <= call[1]), None)
-        if call is None:
-            timeline.append((at, event.nbytes()))
+    with tempfile.TemporaryDirectory() as directory:
+        trace = Path(directory) / "trace.json"
+        profiler.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    calls = [(event["ts"], event["ts"] + event["dur"]) for event in events
+             if event.get("name") in EMULATED_ON_CPU and event.get("ph") == "X"]
+    blocks = sorted(((event["ts"], event["args"]["Addr"], event["args"]["Bytes"]) for event in events
+                     if event.get("name") == "[memory]"), key=lambda block: block[0])
+
+    def call_at(when: float) -> tuple[float, float] | None:
+        return next((call for call in calls if call[0] <= when <= call[1]), None)
+
+    counted = [True] * len(blocks)
+    allocation_of: dict[int, int] = {}  # address -> index of the block's allocation, while it is alive
+    for index, (when, address, size) in enumerate(blocks):
+        if size > 0:
+            allocation_of[address] = index
+        elif address not in allocation_of:
+            counted[index] = False  # allocated before the run
         else:
-            net_of_call[call] += event.nbytes()
-    timeline += [(end, net) for (_, end), net in net_of_call.items()]
+            allocation = allocation_of.pop(address)
+            call = call_at(when)
+            if call is not None and call == call_at(blocks[allocation][0]):  # an emulated kernel's temporary
+                counted[index] = counted[allocation] = False
     current = peak = 0
-    for _, size in sorted(timeline):
-        current += size
-        peak = max(peak, current)
+    for (_, _, size), count in zip(blocks, counted, strict=True):
+        if count:
+            current += size
+            peak = max(peak, current)
     return peak / GIB, measured
 
 
