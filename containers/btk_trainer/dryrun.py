@@ -659,7 +659,7 @@ class Report:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m btk_trainer.dryrun", description=__doc__.split("\n\n")[0])
-    what = parser.add_mutually_exclusive_group(required=True)
+    what = parser.add_mutually_exclusive_group()
     what.add_argument("--profile", help="a profile of profiles/ (with --env, or --instance-type and --nodes)")
     what.add_argument("--shipped", action="store_true",
                       help="every profile of every environment at its plan, and the first one's legacy baseline")

@@ -154,9 +154,25 @@ def test_cli_passes_a_plan_that_fits(toy_catalog: None, capsys: pytest.CaptureFi
     assert result["dry_run_gib"]["total"] > 0 and result["executed_knobs"]["compile"] is False
 
 
+def test_cli_runs_every_profile_of_an_environment(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--env`` alone: each of its profiles on its instance type and node count; ``--baseline``: their legacy
+    baselines (full checkpointing, micro-batch 1, bf16)."""
+    toy = fixture_catalog.DEV.model_copy(update={"name": "toy", "profiles": (TOY_PROFILE.name, TOY_PROFILE.name)})
+    fixture_catalog.install(monkeypatch, toy)
+    monkeypatch.setattr(catalog, "all_profiles", lambda: {**fixture_catalog.PROFILES, TOY_PROFILE.name: TOY_PROFILE})
+    code = dryrun.main(["--env", "toy", "--baseline", "--format", "json", "--tolerance", "0.99"])
+    results = json.loads(capsys.readouterr().out)
+    assert code == 0 and [result["profile"] for result in results] == [TOY_PROFILE.name] * 2
+    for result in results:
+        assert result["label"] == "baseline" and result["nodes"] == toy.instance_count
+        assert result["knobs"]["activation_checkpointing"] == "full" and result["knobs"]["micro_batch_size"] == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--profile", "no-such-profile", "--env", "dev"], "no-such-profile"),
     (["--profile", "toy-gqa"], "name the cluster: --env ENV, or --instance-type TYPE"),
+    ([], "name a --profile, an --env, or --shipped"),
     (["--profile", "toy-gqa", "--env", "dev", "--instance-type", B200.name], "give --env or --instance-type"),
     (["--profile", "toy-gqa", "--instance-type", B200.name, "--nodes", "0"], "--nodes 0: at least 1"),
     (["--profile", "toy-gqa", "--instance-type", B200.name, "--set", "micro_batch_size"], "--set 'micro_batch_size'"),
