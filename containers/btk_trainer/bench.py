@@ -453,7 +453,7 @@ class Bench:
                   f"(estimated {run.estimated_seconds / 60:.1f} min)", flush=True)
             started = time.perf_counter()
             error = self.attempt(run)
-            record["wall_seconds"] = round(time.perf_counter() - started, 1)
+            record["wall_seconds"] = round(time.perf_counter() - started, 3)  # a run refused at once takes milliseconds
             try:
                 release_device_memory(self.on_gpu)  # here, once the exception and the frames holding the model are gone
             except RuntimeError as device_error:  # a sticky CUDA error: nothing more can run in this process
