@@ -1,7 +1,8 @@
 """The dry run's evidence: the memory tracker validated on small models, and full-size dry runs beside published peaks.
 
-Run: ``.venv/bin/python benchmarks/dry_run.py [--validate] [--published] [--cases] [--format markdown]``
-(no section named: all three). ``python -m btk_trainer.dryrun --shipped`` dry-runs the user's own plans.
+Run: ``PYTHONPATH=containers:.:tests .venv/bin/python benchmarks/dry_run.py [--validate] [--published] [--cases]
+[--format markdown]`` (no section named: all three; the trainer lives in ``containers/``, the fixture catalog in
+``tests/``). ``python -m btk_trainer.dryrun --shipped`` dry-runs the user's own plans.
 
 * ``--validate``: toy models (2 blocks of width 256, 8 ranks) run twice through the dry run,
   once with real tensors on the CPU under ``torch.profiler`` and once on fake tensors. Per knob
@@ -29,13 +30,9 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "containers"), str(ROOT / "tests")]
-
-import torch  # noqa: E402 (after the paths: the trainer lives in containers/)
-from btk_trainer.dryrun import (  # noqa: E402
+import torch
+from btk_trainer.dryrun import (
     GIB,
     DryRunCase,
     DryRunResult,
@@ -45,14 +42,14 @@ from btk_trainer.dryrun import (  # noqa: E402
     result_table,
     run_steps,
 )
-from btk_trainer.layout import mesh_shape  # noqa: E402
-from btk_trainer.model import Decoder  # noqa: E402
+from btk_trainer.layout import mesh_shape
+from btk_trainer.model import Decoder
 
-from btk.hardware import get_instance_type  # noqa: E402
-from btk.knobs import TrainingKnobs  # noqa: E402
-from btk.planner.calibration import load_points  # noqa: E402
-from btk.profile import ModelArchitecture, TrainingIntent  # noqa: E402
-from btk.table import Column, Table  # noqa: E402
+from btk.hardware import get_instance_type
+from btk.knobs import TrainingKnobs
+from btk.planner.calibration import load_points
+from btk.profile import ModelArchitecture, TrainingIntent
+from btk.table import Column, Table
 
 B200 = get_instance_type("ml.p6-b200.48xlarge")
 TOY = ModelArchitecture(num_layers=2, hidden_size=256, num_attention_heads=8, num_kv_heads=2, ffn_hidden_size=1024,

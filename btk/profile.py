@@ -211,6 +211,12 @@ class ModelArchitecture(BaseModel):
         return HF_LAYOUTS[(self.qk_norm, self.norm_placement, self.attention_bias, self.attention_output_bias)]
 
     @property
+    def norms_scale_in_fp32(self) -> bool:
+        """Whether every RMSNorm multiplies by its weight before casting back to the compute dtype (OLMo 2's
+        ``Olmo2RMSNorm``); Llama, Mistral and Qwen cast first, then scale."""
+        return self.hf_model_type == "olmo2"
+
+    @property
     def attention_parameters_per_layer(self) -> int:
         """Projection weights and biases of one attention block (its QK-norm weights are norms)."""
         h, q, kv = self.hidden_size, self.attention_width, self.kv_dim

@@ -9,26 +9,32 @@ The model sums, at the step's peak phase:
 * **activations** — what autograd saves per token per layer, by checkpointing mode, in the
   style of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
   Models", §4.1, eq. 1) adapted to a Llama block with SDPA/flash attention (no ``a·s²``
-  score term), GQA and SwiGLU; bf16 = 2 bytes per element:
+  score term), GQA and SwiGLU, term by term as the trainer's block saves them
+  (:func:`saved_activation_bytes_per_token_per_layer`). ``h`` is the residual width, ``a =
+  heads·head_dim`` the width of q and of attention's output (``h`` for most models, not all:
+  Qwen3-4B 4096 against 2560, Mistral NeMo 4096 against 5120), ``kv`` the width of k and v
+  (they enter attention with their own heads, SDPA ``enable_gqa``: no copy repeated to the
+  query heads), ``f`` the FFN width; bf16 = 2 bytes per element.
 
-  - ``none``: x, norm(x), q, k, v, attention out, its contiguous copy, h, norm(h)
-    (7·h + 2·kv elements) plus gate, up, silu(gate), gate·up (4·f) → ``14h + 4kv + 8f`` bytes;
-  - ``selective`` (torchtitan per-op policy: keep SDPA outputs and every other matmul
-    output — wq, wv, w1, w2 — recompute the rest): block input + SDPA out + those outputs →
-    ``8h + 2kv + 2f`` bytes, plus one layer's recompute working set in backward;
-  - ``full``: only each block's input, ``2h`` bytes, plus one layer's full working set.
+  - ``none``: the two matmul inputs of the residual stream (the norms' outputs, or with norms
+    after the sublayers the sublayers' inputs), q and k after RoPE, v, attention's output and
+    its fp32 log-sum-exp per head, the FFN's gate, up and their product (and eagerly
+    silu(gate)); eagerly each RMSNorm keeps its fp32 upcast and its bf16 cast (fp32 normalised
+    input where it scales in fp32, as OLMo 2's do), compiled only the input and its fp32
+    inverse RMS (Inductor's partitioner recomputes the rest). QK-norm keeps the same for q and k.
+  - ``selective`` (torchtitan's per-op policy: save SDPA and every other matmul output —
+    q, v, gate, down — recompute the rest): block input + those outputs + SDPA's, plus one
+    layer's recompute working set in backward;
+  - ``full``: only each block's input, plus one layer's full working set.
 
-  The tensors inside attention (q, its outputs; the terms tensor parallelism shards by head)
-  are ``a = heads·head_dim`` wide, which is ``h`` for most models but not all (Qwen3-4B:
-  4096 against a 2560 residual stream; Mistral NeMo: 4096 against 5120). QK-norm saves the
-  normalised q and k too (``a + kv`` more elements; eager, two fp32 intermediates per norm).
-
-  Without ``torch.compile`` eager RMSNorm keeps two fp32 intermediates per norm (+16h).
-  Tensor parallelism divides every term: the trainer runs it with sequence parallelism (as
-  torchtitan), so besides the head- and FFN-sharded tensors the residual stream, the norms'
-  inputs and outputs between the blocks are sharded along the sequence by TP too.
-  K and V enter attention with their ``kv`` heads (SDPA ``enable_gqa``): no copy repeated to
-  the query heads is saved (that copy would add ``2·(h − kv)`` elements per token per layer).
+  Tensor parallelism runs with sequence parallelism (as torchtitan): what lies between the
+  blocks' matmuls (residual stream, norms) is sharded along the sequence, the heads and the
+  FFN by TP; but a column-parallel linear saves its all-gathered input (the full sequence),
+  and a row-parallel one under selective checkpointing saves its output's full-sequence
+  partial sums before the reduce-scatter (and the policy saves the reduce-scatter's output).
+  Every term was read from autograd's saved tensors of the trainer's block, eager and with
+  tensor parallelism through the dry run, compiled by Inductor on the CPU
+  (``tests/trainer/test_activation_memory.py``).
 * **logits** — the trainer's chunked cross-entropy (:mod:`btk.loss_chunks`): one chunk's logits
   at their peak (fused/compiled: bf16 logits and their gradient, 4 B/vocab entry/token; eager:
   + fp32 copy, softmax and a log-sum-exp temporary, 14 B), the head weight's gradient (fp32
@@ -121,22 +127,50 @@ class MemoryBreakdown:
         return max(parts, key=lambda key: parts[key])
 
 
+INVERSE_RMS = FP32
+"""An RMSNorm keeps one fp32 inverse root-mean-square per normalised row for its backward."""
+
+
+def _eager_norm_bytes(width: int, scale_in_fp32: bool) -> int:
+    """Bytes an eager RMSNorm of ``width`` keeps per row beside its output and inverse RMS: the fp32 upcast of
+    its input, and the normalised input its weight multiplies (bf16 after the cast, or fp32 scaling in fp32)."""
+    return (FP32 + (FP32 if scale_in_fp32 else BF16)) * width
+
+
 def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
-    """Bytes autograd keeps per token per layer between forward and backward."""
+    """Bytes autograd keeps per token per layer between forward and backward (rank-local under TP)."""
     h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
     t = knobs.tensor_parallel
-    # Sequence parallelism: the terms TP once left replicated (x, norm(x), h, norm(h), the block
-    # input, the eager norms' fp32 intermediates) are sequence-sharded, so everything divides by t.
-    # Of the 10 hidden-wide terms, the 6 inside attention (TP shards them by head) are a wide.
-    if knobs.activation_checkpointing == "none":
-        qk_norm = (a + kv) if arch.qk_norm != "none" else 0  # the normalised q and k
-        saved = (4 * h + 6 * a + 2 * kv + 4 * f + qk_norm) * BF16 / t
-        if not knobs.compile:
-            saved += (16 * h + 8 * qk_norm) / t  # two fp32 intermediates per eager RMSNorm
-        return saved
+    log_sum_exp = FP32 * arch.num_attention_heads  # SDPA's, per query head
+    if knobs.activation_checkpointing == "full":
+        return h * BF16 / t  # the block input (sequence-sharded under TP)
     if knobs.activation_checkpointing == "selective":
-        return (2 * h + 2 * a + kv + f) * BF16 / t  # wq, SDPA, wv, w1, block input, w2
-    return 2 * h * BF16 / t  # full: block input only
+        needed = (h + 2 * a + kv + f) * BF16 + log_sum_exp  # block input, q, SDPA's output and log-sum-exp, v, gate
+        if knobs.compile:  # Inductor drops the saved outputs backward never reads
+            return needed / t
+        # Eagerly the policy also keeps the down projection's output (under TP the full sequence's partial sums
+        # before their reduce-scatter) and, under TP, both reduce-scatters' outputs (sequence-sharded).
+        return (needed + (2 * h * BF16 if t > 1 else 0)) / t + h * BF16
+    # No checkpointing. Under TP the column-parallel linears save their all-gathered input (full sequence).
+    matmul_inputs = 2 * h * BF16
+    attention = (2 * a + 2 * kv) * BF16 + log_sum_exp  # q and k after RoPE, v, attention's output
+    fp32_scale = arch.norms_scale_in_fp32
+    if knobs.compile:  # Inductor keeps each norm's input and recomputes the rest
+        norms = 2 * h * BF16
+        ffn = 3 * f * BF16  # gate, up, their product
+        qk_norm = (a + kv) * BF16
+    else:
+        norms = _eager_norm_bytes(h, fp32_scale) * 2
+        ffn = 4 * f * BF16  # gate, up, silu(gate), their product
+        qk_norm = _eager_norm_bytes(a, fp32_scale) + _eager_norm_bytes(kv, fp32_scale)
+    norms += 2 * INVERSE_RMS
+    if arch.qk_norm == "none":
+        qk_norm = 0
+    elif arch.qk_norm == "head":  # an inverse RMS per head, the heads sharded by TP
+        qk_norm += INVERSE_RMS * (arch.num_attention_heads + arch.num_kv_heads)
+    else:  # over the whole projection: one per token for q and for k, on every TP rank
+        return (norms + attention + ffn + qk_norm) / t + matmul_inputs + 2 * INVERSE_RMS
+    return (norms + attention + ffn + qk_norm) / t + matmul_inputs
 
 
 def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:

@@ -152,7 +152,7 @@ def attention_backends(device_type: str) -> list[SDPBackend]:
 
 def scales_norms_in_fp32(arch: ModelArchitecture) -> bool:
     """Whether the architecture's norms scale before casting back (OLMo 2's ``Olmo2RMSNorm``, all of its norms)."""
-    return arch.hf_model_type == "olmo2"
+    return arch.norms_scale_in_fp32
 
 
 class Attention(nn.Module):
@@ -431,7 +431,7 @@ class Decoder(nn.Module):
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_fn: LossFn = ChunkedCrossEntropy()
-        self._rope_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tie_weights(self) -> None:
         """Share the head with the embedding when tied (``to_empty`` on plain tensors unties them)."""
@@ -442,18 +442,26 @@ class Decoder(nn.Module):
     def weights_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
 
-    def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (seq_len, str(device))
+    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position tables, computed in fp32 and cast to ``dtype`` once, then shared by every block.
+
+        Cast here, not in each block: :func:`apply_rope` casts them, and so does FSDP2 with a block's
+        floating-point inputs (to its ``param_dtype``); a copy made in each block is saved for that block's
+        backward, ``4 x head_dim`` bytes per position per block for tables that are the same in every block.
+        """
+        key = (seq_len, str(device), str(dtype))
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_tables(
+            cos, sin = rope_tables(
                 seq_len, self.arch.effective_head_dim, self.arch.rope_theta, self.arch.rope_scaling, device
             )
+            self._rope_cache[key] = (cos.to(dtype), sin.to(dtype))
         return self._rope_cache[key]
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final hidden states (after the last norm), shape (batch, seq, hidden)."""
         x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope(tokens.shape[1], tokens.device)
+        cos, sin = self.rope(tokens.shape[1], tokens.device, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
         normed: torch.Tensor = self.model.norm(x)

@@ -30,13 +30,36 @@ def test_tensor_parallel_two_halves_the_logits(fused_loss: bool) -> None:
     assert two.logits == pytest.approx(one.logits / 2)
 
 
-@pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_sequence_parallel_shards_every_saved_activation(mode: str) -> None:
-    """Norm inputs/outputs and block inputs between the blocks are sequence-sharded: nothing stays replicated."""
+def _saved(tp: int, mode: str, *, compile: bool = True) -> float:
     from btk.planner.memory import saved_activation_bytes_per_token_per_layer
 
-    def saved(tp: int) -> float:
-        knobs = TrainingKnobs(micro_batch_size=2, seq_len=2048, tensor_parallel=tp, activation_checkpointing=mode)
-        return saved_activation_bytes_per_token_per_layer(ARCH, knobs)
+    knobs = TrainingKnobs(micro_batch_size=2, seq_len=2048, tensor_parallel=tp, activation_checkpointing=mode,
+                          compile=compile)
+    return saved_activation_bytes_per_token_per_layer(ARCH, knobs)
 
-    assert saved(2) == pytest.approx(saved(1) / 2)
+
+H = ARCH.hidden_size
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_sequence_parallel_shards_all_but_the_gathered_inputs_without_checkpointing(compile: bool) -> None:
+    """Under TP with sequence parallelism every saved tensor is sharded except the two all-gathered inputs of the
+    column-parallel linears (q/k/v and gate/up), which hold the full sequence on every rank."""
+    gathered = 2 * H * 2
+    assert _saved(2, "none", compile=compile) - gathered == pytest.approx((_saved(1, "none", compile=compile)
+                                                                           - gathered) / 2)
+
+
+def test_eager_selective_checkpointing_under_tp_keeps_the_partial_sums_of_the_down_projection() -> None:
+    """Eagerly the per-op policy keeps the down projection's output: under TP its full-sequence partial sums (bf16,
+    not divided by TP), and both reduce-scatters' sharded outputs; compiled, backward never reads them."""
+    partial_sums, reduce_scatters = H * 2, 2 * H * 2
+    eager_one, eager_two = _saved(1, "selective", compile=False), _saved(2, "selective", compile=False)
+    assert eager_two == pytest.approx((eager_one - partial_sums + reduce_scatters) / 2 + partial_sums)
+    assert _saved(2, "selective") == pytest.approx(_saved(1, "selective") / 2)
+    assert _saved(1, "selective") == pytest.approx(eager_one - partial_sums)
+
+
+def test_full_checkpointing_keeps_the_block_input_sequence_sharded() -> None:
+    assert _saved(1, "full") == H * 2
+    assert _saved(2, "full") == pytest.approx(_saved(1, "full") / 2)

@@ -1,0 +1,153 @@
+"""The planner's activation memory, term by term, against what autograd saves in the trainer's block.
+
+``btk.planner.memory.saved_activation_bytes_per_token_per_layer`` is the per-token, per-block
+figure behind every plan's activation memory. Here it is compared with what the trainer's own
+code keeps for backward, read two ways that share nothing with the planner:
+
+* **eager, any parallelism** — the dry run (``btk_trainer.dryrun``: the trainer's
+  ``build_model`` and ``parallelize``, the real checkpoint policies, a fake process group)
+  measures the activations at the step's peak; differencing two depths (2 and 3 blocks) and
+  two sequence lengths leaves exactly one block's bytes per token, free of the model-level
+  terms (embedding, final norm, loss) and of per-block terms that do not grow with the tokens
+  (float8 weight casts);
+* **compiled** — one block compiled by Inductor (C++ on the CPU, the same min-cut partitioner
+  that decides what a compiled block keeps on a GPU), its saved tensors counted through
+  ``saved_tensors_hooks`` (distinct storages, parameters and the RoPE tables left out).
+
+Layouts: Llama (GQA), Qwen3 (per-head QK-norm, head_dim wider than hidden / heads) and OLMo 2
+(norms after the sublayers, scaled in fp32, QK-norm over the whole projection), at widths
+where every term differs (h 256, a 256 or 384, kv 128 to 256, f 704).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from btk_trainer import dryrun
+from btk_trainer.model import DecoderLayer, rope_tables
+from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen3
+
+from btk.hardware import get_instance_type
+from btk.knobs import TrainingKnobs
+from btk.planner.memory import saved_activation_bytes_per_token_per_layer
+from btk.profile import ModelArchitecture, TrainingIntent
+
+B200 = get_instance_type("ml.p6-b200.48xlarge")
+MICRO_BATCH = 2
+SEQ_LENGTHS = (512, 1024)
+WIDTHS: dict[str, Any] = {"hidden_size": 256, "num_attention_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 704,
+                          "vocab_size": 512, "max_context": 2048}
+LAYOUTS: dict[str, Callable[..., ModelArchitecture]] = {
+    "llama": lambda **depth: tiny_llama(**WIDTHS, **depth),
+    "qwen3": lambda **depth: tiny_qwen3(**{**WIDTHS, "head_dim": 96}, **depth),
+    "olmo2": lambda **depth: tiny_olmo2(**{**WIDTHS, "num_kv_heads": 4}, **depth),
+}
+
+
+def knobs(seq_len: int, **values: Any) -> TrainingKnobs:
+    return TrainingKnobs.model_validate({"micro_batch_size": MICRO_BATCH, "seq_len": seq_len,
+                                         "gradient_accumulation_steps": 1, **values})
+
+
+def dry_run_activations(arch: ModelArchitecture, seq_len: int, **values: Any) -> tuple[float, str]:
+    """The activations at the dry run's peak, in bytes, and the phase of the step the peak was in."""
+    case = dryrun.DryRunCase(name="toy", architecture=arch, instance=B200, nodes=1, knobs=knobs(seq_len, **values),
+                             training=TrainingIntent(seq_len=seq_len, global_batch_tokens=MICRO_BATCH * seq_len * 8))
+    measured = dryrun.run_steps(case)
+    return measured.activations * dryrun.GIB, measured.phase
+
+
+def measured_block_bytes_per_token(layout: str, **values: Any) -> float:
+    """One block's saved bytes per token: the dry run's activations differenced over depth and sequence length.
+
+    Valid only when all four peaks fall in the same phase of the step (then they hold the same model-level terms)."""
+    make = LAYOUTS[layout]
+    runs = {(depth, seq): dry_run_activations(make(num_layers=depth), seq, **values)
+            for depth in (2, 3) for seq in SEQ_LENGTHS}
+    assert len({phase for _, phase in runs.values()}) == 1, f"the peaks fall in different phases: {runs}"
+    added_block = [runs[3, seq][0] - runs[2, seq][0] for seq in SEQ_LENGTHS]
+    return (added_block[1] - added_block[0]) / (MICRO_BATCH * (SEQ_LENGTHS[1] - SEQ_LENGTHS[0]))
+
+
+EAGER_CASES = [
+    ("llama", {"activation_checkpointing": "none"}),
+    ("llama", {"activation_checkpointing": "selective"}),
+    ("llama", {"activation_checkpointing": "full"}),
+    ("llama", {"activation_checkpointing": "none", "tensor_parallel": 2}),
+    ("llama", {"activation_checkpointing": "selective", "tensor_parallel": 2, "precision": "fp8_tensorwise"}),
+    ("llama", {"activation_checkpointing": "full", "tensor_parallel": 2}),
+    ("qwen3", {"activation_checkpointing": "none"}),
+    ("qwen3", {"activation_checkpointing": "none", "tensor_parallel": 2}),
+    ("qwen3", {"activation_checkpointing": "selective", "tensor_parallel": 2}),
+    ("olmo2", {"activation_checkpointing": "none"}),
+    ("olmo2", {"activation_checkpointing": "none", "tensor_parallel": 2}),
+    ("olmo2", {"activation_checkpointing": "selective"}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "values"), EAGER_CASES,
+                         ids=["-".join([layout, *map(str, values.values())]) for layout, values in EAGER_CASES])
+def test_eager_block_saves_what_the_planner_counts(layout: str, values: dict[str, Any]) -> None:
+    """Exact to the byte: every term (norms' fp32 copies, the all-gathered inputs TP's column-parallel linears
+    save, the row-parallel partial sums selective checkpointing saves, log-sum-exp per head) is in the formula."""
+    eager = {**values, "compile": False, "fused_loss": False}
+    measured = measured_block_bytes_per_token(layout, **eager)
+    predicted = saved_activation_bytes_per_token_per_layer(LAYOUTS[layout](num_layers=2), knobs(SEQ_LENGTHS[0],
+                                                                                                   **eager))
+    assert measured == pytest.approx(predicted, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_float8_tensor_parallel_without_checkpointing_saves_less_than_the_planner_counts() -> None:
+    """torchao's float8 TP casts a linear's input to float8 before its all-gather, and the linears keep float8
+    inputs: the planner counts them in bf16, as without float8, so its figure is an upper bound there."""
+    eager = {"activation_checkpointing": "none", "tensor_parallel": 2, "precision": "fp8_tensorwise",
+             "compile": False, "fused_loss": False}
+    measured = measured_block_bytes_per_token("llama", **eager)
+    predicted = saved_activation_bytes_per_token_per_layer(LAYOUTS["llama"](num_layers=2), knobs(SEQ_LENGTHS[0],
+                                                                                                   **eager))
+    assert 0.6 * predicted < measured < predicted
+
+
+def compiled_block_bytes(arch: ModelArchitecture, seq_len: int) -> int:
+    """Distinct storages an Inductor-compiled block saves for backward (bf16, parameters and RoPE tables aside)."""
+    torch.manual_seed(0)
+    block = DecoderLayer(arch).to(torch.bfloat16)
+    cos, sin = (table.to(torch.bfloat16) for table in rope_tables(seq_len, arch.effective_head_dim, arch.rope_theta,
+                                                                   arch.rope_scaling))
+    shared = {tensor.untyped_storage().data_ptr() for tensor in (*block.parameters(), cos, sin)}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in shared:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    compiled = torch.compile(block, backend="inductor", dynamic=False)
+    x = torch.randn(MICRO_BATCH, seq_len, arch.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = compiled(x, cos, sin)
+    out.float().square().mean().backward()  # the saved tensors are used: backward runs
+    assert x.grad is not None and bool(torch.isfinite(x.grad.float()).all())
+    return sum(saved.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_compiled_block_saves_what_the_planner_counts(layout: str) -> None:
+    """Inductor keeps each norm's input and inverse RMS, q/k/v and attention's output, gate, up and their product
+    (it recomputes the norms' fp32 copies and silu): far less than an eager block, and what the planner counts."""
+    arch = LAYOUTS[layout](num_layers=1)
+    seq_bytes = [compiled_block_bytes(arch, seq) for seq in SEQ_LENGTHS]
+    measured = (seq_bytes[1] - seq_bytes[0]) / (MICRO_BATCH * (SEQ_LENGTHS[1] - SEQ_LENGTHS[0]))
+    compiled = knobs(SEQ_LENGTHS[0], activation_checkpointing="none", compile=True)
+    assert measured == pytest.approx(saved_activation_bytes_per_token_per_layer(arch, compiled), rel=1e-3)
+    eager = saved_activation_bytes_per_token_per_layer(arch, compiled.model_copy(update={"compile": False}))
+    assert measured < 0.75 * eager
