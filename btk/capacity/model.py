@@ -292,6 +292,13 @@ class Offering:
         }
 
 
+def one_line_text(value: Any) -> str:
+    """AWS's free text (a plan's status message) as one printable line: whitespace runs become one space, other
+    control characters are escaped (this package is bundled with the handler without the rest of btk)."""
+    text = " ".join(str(value).split())
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
     """A bought plan, from DescribeTrainingPlan or ListTrainingPlans."""
@@ -314,7 +321,7 @@ class TrainingPlan:
             arn=str(item["TrainingPlanArn"]),
             name=str(item["TrainingPlanName"]),
             status=str(item["Status"]),
-            status_message=str(item.get("StatusMessage", "")),
+            status_message=one_line_text(item.get("StatusMessage", "")),
             upfront_fee=parse_fee(item.get("UpfrontFee")),
             currency=str(item.get("CurrencyCode", "")),
             start_time=item.get("StartTime"),

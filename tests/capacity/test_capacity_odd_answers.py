@@ -148,3 +148,14 @@ def test_dead_ended_or_foreign_plans_do_not_block(
     stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []})
     with pytest.raises(capacity.CapacityError, match="no training-plan offerings"):
         ensure(stubbed_sagemaker)
+
+
+@pytest.mark.parametrize("message", ["\n", "capacity\nwithdrawn\tby AWS\r\n", "bell\x07 and escape\x1b"])
+def test_a_dead_plans_status_message_is_one_line(message: str) -> None:
+    """AWS's free-text StatusMessage is reported, but never breaks the one-line error (nor hides the status)."""
+    plan = capacity.TrainingPlan.from_api({**described_plan(NAME, status="Expired"), "StatusMessage": message})
+    with pytest.raises(capacity.CapacityError) as raised:
+        capacity.usable(plan)
+    text = str(raised.value)
+    assert "\n" not in text and "\r" not in text and text.isprintable()
+    assert text.startswith(f"training plan {NAME} is Expired") and text.endswith("buy a new one")
