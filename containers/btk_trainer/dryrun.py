@@ -556,6 +556,23 @@ def dry_run(case: DryRunCase, *, fake: bool = True, reraise: bool = False) -> Dr
     )
 
 
+def dry_run_all(cases: Sequence[DryRunCase], jobs: int = 1) -> list[DryRunResult]:
+    """Each case's :func:`dry_run`, in order; ``jobs`` > 1 runs them in that many processes at once.
+
+    A dry run keeps one core busy (fake tensors carry no arithmetic; building and dispatching is Python), so a
+    machine's cores run as many cases side by side. The processes are spawned (a fresh interpreter: no process
+    group, fake mode or allocator state of this one carries over).
+    """
+    if jobs <= 1 or len(cases) <= 1:
+        return [dry_run(case) for case in cases]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cases)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(dry_run, cases))
+
+
 def profile_case(profile: ModelProfile, instance: InstanceType, nodes: int, settings: dict[str, str] | None = None,
                  *, baseline: bool = False) -> DryRunCase:
     """The planner's knobs for ``profile`` (its legacy baseline with ``baseline``), with ``settings`` over them."""
@@ -666,6 +683,9 @@ class Report:
         return any(result.problems(self.tolerance) for result in self.results)
 
 
+MAX_JOBS = 64
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m btk_trainer.dryrun", description=__doc__.split("\n\n")[0])
     what = parser.add_mutually_exclusive_group()
@@ -682,12 +702,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                         help=f"largest accepted |dry run / prediction - 1| (default {DEFAULT_TOLERANCE})")
     parser.add_argument("--format", choices=("table", "markdown", "json"), default="table", dest="output_format")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cases run side by side in that many processes (default 1; one core each)")
     parser.add_argument("--traceback", action="store_true", help="let the trainer's exception propagate (debugging)")
     return parser.parse_args(argv)
 
 
 def cases_from_args(args: argparse.Namespace) -> list[DryRunCase]:
     """The cases the command line names; one-line errors for bad input."""
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise BtkError(f"--jobs {args.jobs}: a whole number from 1 to {MAX_JOBS}")
+    if args.jobs > 1 and args.traceback:
+        raise BtkError("--traceback runs the cases one by one: drop --jobs")
     if args.shipped:
         if not 0 < args.tolerance < 1:
             raise BtkError(f"--tolerance {args.tolerance}: a fraction between 0 and 1, e.g. 0.1")
@@ -723,8 +749,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"btk_trainer.dryrun: {printable(str(error))}", file=sys.stderr)
         return 2
     report = Report(tolerance=args.tolerance)
-    for case in cases:
-        report.results.append(dry_run(case, reraise=args.traceback))
+    if args.traceback:
+        report.results.extend(dry_run(case, reraise=True) for case in cases)
+    else:
+        report.results.extend(dry_run_all(cases, args.jobs))
     if args.output_format == "json":
         import json
 

@@ -3,9 +3,10 @@
 Toy models check the memory tracker: on fake tensors it counts what it counts with real ones,
 with real tensors it counts what the CPU allocator allocates, and the static parts are the
 exact count of FSDP2's shards. Bad input is one line (exit 2); a plan the trainer cannot build
-and a plan that does not fit fail in one line (exit 1). Full-size cases (``slow``): the largest
-plan of the user's ``environments.py`` at its node count, a tensor-parallel plan over 2 nodes
-and an MXFP8 plan on the fixture catalog.
+and a plan that does not fit fail in one line (exit 1). Full-size cases (``slow``, two at a
+time): every plan of the user's ``environments.py`` at its instance type, node count and knobs
+and one legacy baseline (as ``--shipped``), a tensor-parallel plan over 2 nodes and an MXFP8
+plan on the fixture catalog.
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ def test_cli_runs_every_profile_of_an_environment(monkeypatch: pytest.MonkeyPatc
     (["--profile", "toy-gqa", "--instance-type", "ml.nope"], "ml.nope"),
     (["--shipped", "--env", "dev"], "--shipped takes no"),
     (["--profile", "toy-gqa", "--instance-type", B200.name, "--tolerance", "0"], "--tolerance"),
+    (["--shipped", "--jobs", "0"], "--jobs 0: a whole number from 1 to"),
+    (["--shipped", "--jobs", "2", "--traceback"], "drop --jobs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(toy_catalog: None, capsys: pytest.CaptureFixture[str],
                                            argv: list[str], message: str) -> None:
@@ -190,12 +193,12 @@ def test_bad_input_is_one_line_and_exit_2(toy_catalog: None, capsys: pytest.Capt
     assert line.startswith("btk_trainer.dryrun: ") and message in line
 
 
-def largest_shipped_plan() -> tuple[str, str, int]:
-    """(profile, instance type, nodes): the user's largest profile, in the environment that gives it most nodes."""
-    options = [(catalog.get_profile(name).parameter_count, env.instance_count, name, env.instance_type)
-               for env in catalog.all_environments().values() for name in env.profiles]
-    _, nodes, name, instance = max(options)
-    return name, instance, nodes
+def shipped_label(case: dryrun.DryRunCase) -> str:
+    return f"shipped:{case.name}@{case.instance.name}x{case.nodes}" + ("-baseline" if case.label == "baseline" else "")
+
+
+SHIPPED = {shipped_label(case): case for case in dryrun.shipped_cases()}
+"""Every plan of the user's environments.py (and one legacy baseline), as ``--shipped`` runs them."""
 
 
 def fixture_case(name: str, nodes: int, **settings: str) -> dryrun.DryRunCase:
@@ -207,19 +210,19 @@ FULL_SIZE = {
                                             activation_checkpointing="selective"),
     "mxfp8": lambda: fixture_case("llama3.2-1b", 1, precision="mxfp8", activation_checkpointing="selective"),
 }
+DRY_RUN_JOBS = 2
+"""Cases run side by side: one core each (CI has two)."""
 
 
 @pytest.fixture(scope="module")
 def full_size() -> dict[str, dryrun.DryRunResult]:
-    """Each full-size case run once for the tests below (the largest shipped plan from the user's config)."""
-    name, instance, nodes = largest_shipped_plan()
-    cases = {"largest-shipped": dryrun.profile_case(catalog.get_profile(name), get_instance_type(instance), nodes)}
-    cases.update({label: make() for label, make in FULL_SIZE.items()})
-    return {label: dryrun.dry_run(case) for label, case in cases.items()}
+    """Each full-size case run once for the tests below: every shipped plan, and the fixture catalog's cases."""
+    cases = {**SHIPPED, **{label: make() for label, make in FULL_SIZE.items()}}
+    return dict(zip(cases, dryrun.dry_run_all(list(cases.values()), jobs=DRY_RUN_JOBS), strict=True))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["largest-shipped", *FULL_SIZE])
+@pytest.mark.parametrize("label", [*SHIPPED, *FULL_SIZE])
 def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
     """The real model at its real size over the job's real world size: every parameter is there (rank 0's fp32
     shards times the ranks that hold different ones, less FSDP's padding), two steps train, and the plan's
@@ -234,7 +237,7 @@ def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["largest-shipped", "tensor-parallel"])  # MXFP8 on the CPU: see docs/trainer.md
+@pytest.mark.parametrize("label", [*SHIPPED, "tensor-parallel"])  # not MXFP8, emulated on the CPU: docs/trainer.md
 def test_full_size_plan_matches_the_planner(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
     result = full_size[label]
     assert result.difference is not None and abs(result.difference) <= dryrun.DEFAULT_TOLERANCE
