@@ -108,6 +108,8 @@ bench: setup node_modules/.installed
 	$(PY) benchmarks/synth_time.py --runs 3
 	$(PY) benchmarks/synth_scaling.py
 	$(PY) benchmarks/stop_agreement.py
+	PYTHONPATH=containers:. $(PY) -m btk_trainer.dryrun --shipped --jobs 2
+	PYTHONPATH=containers:.:tests $(PY) benchmarks/dry_run.py
 
 clean:
 	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
