@@ -324,10 +324,19 @@ class DryRunResult:
             return None
         return self.measured.total + self.planned.total - self.predicted.total
 
+    @property
+    def memory_compared(self) -> bool:
+        """Whether the peak says something about the GPU's: not under a precision the CPU emulates, whose
+        temporaries are the emulation's (:data:`EMULATED_PRECISIONS`)."""
+        return self.case.knobs.precision not in EMULATED_PRECISIONS
+
     def problems(self, tolerance: float) -> list[str]:
-        """Why this case fails, one line each; empty when it passes."""
+        """Why this case fails, one line each; empty when it passes (an emulated precision: when it builds and
+        trains, its memory is not compared)."""
         if self.error is not None:
             return [f"the trainer raised: {self.error}"]
+        if not self.memory_compared:
+            return []
         found = []
         projected, difference = self.projected_gib, self.difference
         if projected is not None and projected > self.budget_gib:
@@ -471,6 +480,11 @@ def train_step(model: Decoder, optimizer: torch.optim.Optimizer, windows: Any, s
 
         precompute_float8_dynamic_scale_for_fsdp(model)
 
+
+EMULATED_PRECISIONS = ("mxfp8",)
+"""Precisions the CPU runs in torchao's emulation: it saves the same bf16 inputs and weights as the Blackwell
+kernels, but allocates temporaries of its own in backward (26 GiB on Llama 3.2 1B at micro-batch 16 with
+selective checkpointing), so a plan in them is built and trained, its memory not compared with the planner's."""
 
 EMULATED_ON_CPU = ("aten::_scaled_mm",)
 """Operators whose CPU kernels allocate working memory a GPU's do not: torch's CPU ``_scaled_mm`` converts its
@@ -618,6 +632,8 @@ def _gib(value: float | None) -> str:
 def result_table(tolerance: float) -> Table[DryRunResult]:
     """One row per case: the eager knobs' prediction beside the dry run, then the plan's projection."""
     def verdict(result: DryRunResult) -> str:
+        if not result.problems(tolerance) and not result.memory_compared:
+            return f"ok ({result.case.knobs.precision} emulated on the CPU: memory not compared)"
         return "; ".join(result.problems(tolerance)) or "ok"
 
     return Table([

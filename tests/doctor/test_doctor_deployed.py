@@ -122,7 +122,7 @@ def test_a_pipeline_edited_outside_cloudformation_fails_where_it_differs(capsys:
     healthy = aws.answers[("sagemaker", "DescribePipeline")]
     changed = edited(profile, 7)
     aws.answers[("sagemaker", "DescribePipeline")] = lambda params: (
-        changed if params["PipelineName"] == changed["PipelineName"] else healthy(params)  # type: ignore[operator]
+        changed if params["PipelineName"] == changed["PipelineName"] else healthy(params)  # type: ignore[operator]  # this operation's stand-in answer is a function
     )
     code, checks = found(aws, capsys)
     name = pipeline_name(ENV, profile)

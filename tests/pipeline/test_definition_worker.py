@@ -119,9 +119,10 @@ def test_imports_run_one_way_from_the_builder_to_the_worker() -> None:
     entry point as text and is handed the builder in the worker process)."""
     import ast
     from pathlib import Path
+    from types import ModuleType
 
-    def imported(module: object) -> set[str]:
-        tree = ast.parse(Path(module.__file__).read_text())  # type: ignore[attr-defined]
+    def imported(module: ModuleType) -> set[str]:
+        tree = ast.parse(Path(str(module.__file__)).read_text())
         names: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:

@@ -233,14 +233,22 @@ def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRu
     shape = mesh_shape(case.world_size, case.nodes, case.knobs)
     shards = result.measured.parameters * dryrun.GIB / 4 * shape.dp_shard * shape.tp
     assert case.architecture.parameter_count <= shards <= case.architecture.parameter_count * 1.001
-    assert result.projected_gib is not None and result.projected_gib <= memory_budget_gib(case.instance)
+    assert result.projected_gib is not None
+    if result.memory_compared:  # an emulated precision's peak holds the emulation's temporaries
+        assert result.projected_gib <= memory_budget_gib(case.instance)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", [*SHIPPED, "tensor-parallel"])  # not MXFP8, emulated on the CPU: docs/trainer.md
-def test_full_size_plan_matches_the_planner(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
+@pytest.mark.parametrize("label", [*SHIPPED, *FULL_SIZE])
+def test_full_size_plan_passes_the_dry_run(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
+    """Within the tolerance of the planner; MXFP8, emulated on the CPU, is built and trained but not compared."""
     result = full_size[label]
-    assert result.difference is not None and abs(result.difference) <= dryrun.DEFAULT_TOLERANCE
+    assert result.problems(dryrun.DEFAULT_TOLERANCE) == []
+    assert result.memory_compared == (result.case.knobs.precision != "mxfp8")
+    if result.memory_compared:
+        assert result.difference is not None and abs(result.difference) <= dryrun.DEFAULT_TOLERANCE
+    else:
+        assert "memory not compared" in dryrun.result_table(dryrun.DEFAULT_TOLERANCE).text([result])[-1]
 
 
 @pytest.mark.slow
