@@ -22,13 +22,18 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 setup: $(VENV)/.installed node_modules/.installed
 
+# setuptools prints a boxed notice on every editable install ("Please be careful with folders in your
+# working directory with the same name as your package"): the repository root is the package root by
+# design, so no user can act on it. Only that notice is dropped; every other warning still prints.
+EDITABLE_INSTALL := PYTHONWARNINGS="ignore:Editable installation." $(PY) -m pip install --quiet -e
+
 # synth needs only the CDK app's dependencies: not torch, the trainer's or the tests'.
 setup-infra: $(VENV)/.installed-infra node_modules/.installed
 
 $(VENV)/.installed-infra: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[infra]"
+	$(EDITABLE_INSTALL) ".[infra]"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
@@ -36,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so the local CPU wheel is used (an unpinned torch pulls CUDA).
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[infra,trainer,plot,dev]"
+	$(EDITABLE_INSTALL) ".[infra,trainer,plot,dev]"
 	touch $(VENV)/.installed-infra $@
 
 node_modules/.installed: package.json package-lock.json

@@ -8,9 +8,11 @@ one figure reads the same in every output.
 **Ranking.** Rows are sorted by dollars per billion tokens (the order of "$ to train" too: every
 row trains the same tokens). A row's cost is a prediction with an error band (cost is price
 over speed, so the speed's band is the cost's): two rows whose costs differ by no more than
-the wider of their two bands are *indistinguishable*, and a row's rank counts only the rows
-that are cheaper by more than that. A row whose band is unknown (the question lies outside
-the published evidence) is not ranked at all.
+the wider of their two bands are *indistinguishable*. A row's rank is the range of places it
+can take: from one more than the rows cheaper by more than that, to that plus the rows it
+cannot be told apart from (``1-3``; a single number where the place is certain). Rows that
+cannot be told apart always have overlapping ranges. A row whose band is unknown (the
+question lies outside the published evidence) is not ranked at all.
 """
 
 from __future__ import annotations
@@ -44,12 +46,27 @@ class PlannedFigures:
 
 @dataclass(frozen=True)
 class CostRank:
-    """Where one fitting row stands by cost: its rank, and the rows it cannot be told apart from."""
+    """Where one fitting row stands by cost: the places it can take, and the rows it cannot be told apart from.
+
+    ``rank`` counts the rows that are surely cheaper (by more than the wider of the two bands),
+    ``worst`` adds those that cannot be told apart from it: within the error bands the row
+    finishes anywhere from ``rank`` to ``worst``. Two rows that cannot be told apart always have
+    overlapping places, so the labels and the list of indistinguishable rows never disagree.
+    """
 
     rank: int
-    """1 + the rows whose cost is lower by more than the error band."""
+    """1 + the rows whose cost is lower by more than the error band: the best place the row can take."""
     indistinguishable_from: tuple[str, ...] = ()
     """The instance types whose cost differs from this row's by less than the wider of the two bands."""
+
+    @property
+    def worst(self) -> int:
+        """The worst place the row can take: ``rank`` + the rows it cannot be told apart from."""
+        return self.rank + len(self.indistinguishable_from)
+
+    def label(self) -> str:
+        """``2`` where the place is certain, ``1-3`` where the error bands leave it anywhere from 1 to 3."""
+        return str(self.rank) if self.worst == self.rank else f"{self.rank}-{self.worst}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class InstanceComparison:
             "training_cost": planned.training_cost.as_json() if planned.training_cost is not None else None,
             "longest_seq_len_one_node": self.longest_seq_len_one_node,
             "cost_rank": rank.rank if rank is not None else None,
+            "cost_rank_worst": rank.worst if rank is not None else None,
             "indistinguishable_from": list(rank.indistinguishable_from) if rank is not None else None,
             "error_band": self.band.as_json(),
         }
@@ -141,9 +159,9 @@ def distinguishable(cheaper: InstanceComparison, costlier: InstanceComparison) -
 def rank_by_cost(rows: Sequence[InstanceComparison]) -> list[InstanceComparison]:
     """Fitting rows cheapest first with their :class:`CostRank`, then rows outside the evidence, then misfits.
 
-    A row's rank is one more than the number of rows distinguishably cheaper than it; rows
-    whose costs differ by no more than the wider of their bands are indistinguishable (and,
-    next to each other, share a rank).
+    A row's best place is one more than the number of rows distinguishably cheaper than it;
+    rows whose costs differ by no more than the wider of their bands are indistinguishable,
+    and each pushes the row's worst place back by one (:class:`CostRank`).
     """
     fitting = sorted((row for row in rows if row.planned is not None), key=lambda row: (_cost(row), row.instance_type))
     banded = [row for row in fitting if row.band.tokens_per_second is not None]

@@ -17,6 +17,10 @@ from btk.planner.search import Evaluation, Plan
 if TYPE_CHECKING:
     from btk.planner.compare import InstanceComparison
 
+TICK_FONT_SIZE = 7
+TICK_CHAR_INCHES = 0.075
+"""Width of one tick-label character at ``TICK_FONT_SIZE`` points, with room to spare (DejaVu Sans averages
+about 0.6 em, 0.058 in at 7 pt)."""
 PARTS = ("parameters", "gradients", "optimizer", "activations", "logits", "other")
 #: How a knob reads in a bar label.
 SHORT_NAMES = {
@@ -79,18 +83,50 @@ def _pyplot() -> Any:
     return plt
 
 
-def _right_axis_line(axis: Any, values: Sequence[float], label: str) -> None:
-    """``values`` as a black line over the bars, on a second y axis that starts at zero."""
+def _right_axis_line(
+    axis: Any, values: Sequence[float], label: str, bands: Sequence[float | None] = (), band_label: str = ""
+) -> Any:
+    """``values`` as a black line over the bars, with their error bands where given, on a second y axis that
+    starts at zero and reaches the top of every band; that axis."""
     right = axis.twinx()
     right.plot(range(len(values)), values, "ko-", label=label)
+    if bands:
+        _band_bars(right, values, bands, band_label)
     right.set_ylabel(label)
     right.set_ylim(bottom=0)
+    return right
+
+
+def _band_bars(axis: Any, values: Sequence[float], bands: Sequence[float | None], label: str) -> None:
+    """Each value's error band as an error bar (clipped at zero); a value without a band gets none."""
+    labelled = False
+    for x, (value, band) in enumerate(zip(values, bands, strict=True)):
+        if band is None:
+            continue
+        axis.errorbar([x], [value], yerr=[[min(value * band, value)], [value * band]], fmt="none", ecolor="black",
+                      elinewidth=1, capsize=6, label=None if labelled else label)
+        labelled = True
+
+
+def _figure_width(labels: Sequence[str]) -> float:
+    """Inches: every bar as wide as its longest label line at the tick font, so no two labels overlap."""
+    longest = max(len(line) for label in labels for line in label.splitlines())
+    return max(8.0, len(labels) * max(1.5, TICK_CHAR_INCHES * longest + 0.3))
+
+
+def _legend(figure: Any, axes: Sequence[Any]) -> None:
+    """One legend for every axis, below the figure: it covers neither the bars nor the title."""
+    handles, names = [], []
+    for axis in axes:
+        for handle, name in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.append(handle)
+            names.append(name)
+    figure.legend(handles, names, loc="outside lower center", ncols=min(5, len(names)), fontsize=7)
 
 
 def _save(figure: Any, axis: Any, title: str, target: Path, plt: Any) -> Path:
     """Title the figure, write it to ``target`` (a write error is one line) and close it."""
     axis.set_title(title)
-    figure.tight_layout()
     try:
         figure.savefig(target, dpi=110)
     except OSError as error:
@@ -114,16 +150,15 @@ def _plotted(plan: Plan, top: int) -> list[Evaluation]:
     return chosen
 
 
-def plot_plan(plan: Plan, path: str | Path, top: int = 8) -> Path:
-    """Write a PNG: stacked per-GPU memory (left axis) and tokens/s/GPU (right axis)."""
+def plan_figure(plan: Plan, top: int = 8) -> Any:
+    """Stacked per-GPU memory (left axis) and tokens/s/GPU with its error band (right axis), titled."""
     plt = _pyplot()
-    target = check_plot_path(str(path))
     chosen = _plotted(plan, top)
-    labels = knob_labels([c.knobs for c in chosen])
+    labels = knob_labels([c.knobs for c in chosen], per_line=1)
     if plan.baseline is not None and chosen[-1] == plan.baseline:
         labels[-1] = f"legacy baseline\n{labels[-1]}"
     labels[0] = f"chosen\n{labels[0]}"
-    figure, axis = plt.subplots(figsize=(max(8, 1.5 * len(chosen)), 6))
+    figure, axis = plt.subplots(figsize=(_figure_width(labels), 6.5), layout="constrained")
     bottoms = [0.0] * len(chosen)
     for part in PARTS:
         heights = [getattr(c.memory, part) for c in chosen]
@@ -131,11 +166,25 @@ def plot_plan(plan: Plan, path: str | Path, top: int = 8) -> Path:
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     axis.axhline(plan.evaluation.budget_gib, color="black", linestyle="--", linewidth=1, label="budget")
     axis.set_ylabel("peak memory per GPU (GiB)")
-    axis.set_xticks(range(len(chosen)), labels, fontsize=7)
-    _right_axis_line(axis, [c.estimate.tokens_per_second_per_gpu for c in chosen], "tokens/s per GPU")
-    axis.legend(loc="upper right", fontsize=7)
-    title = f"{plan.profile.name} on {plan.nodes} x {plan.instance.name}: chosen plan first"
-    return _save(figure, axis, title, target, plt)
+    axis.set_xticks(range(len(chosen)), labels, fontsize=TICK_FONT_SIZE)
+    speeds = [c.estimate.tokens_per_second_per_gpu for c in chosen]
+    right = _right_axis_line(axis, speeds, "tokens/s per GPU", [plan.band.tokens_per_second] * len(speeds),
+                             f"tokens/s error band ({_band_text(plan)})")
+    _legend(figure, [axis, right])
+    axis.set_title(f"{plan.profile.name} on {plan.nodes} x {plan.instance.name}: chosen plan first")
+    return figure
+
+
+def _band_text(plan: Plan) -> str:
+    band = plan.band.tokens_per_second
+    return "outside the published evidence: none" if band is None else f"±{band:.1%}"
+
+
+def plot_plan(plan: Plan, path: str | Path, top: int = 8) -> Path:
+    """Write :func:`plan_figure` as a PNG."""
+    target = check_plot_path(str(path))
+    figure = plan_figure(plan, top)
+    return _save(figure, figure.axes[0], figure.axes[0].get_title(), target, _pyplot())
 
 
 def plot_plans(plans: Sequence[Plan], path: str | Path) -> list[Path]:
@@ -144,20 +193,28 @@ def plot_plans(plans: Sequence[Plan], path: str | Path) -> list[Path]:
     return [plot_plan(plan, target) for plan, target in zip(plans, targets, strict=True)]
 
 
-def plot_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison], path: str | Path) -> Path:
-    """Write a PNG: tokens/s/GPU per instance type (bars) and dollars per billion tokens (right axis)."""
+def compare_figure(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> Any:
+    """Tokens/s/GPU per instance type (bars, each with its error band) and $ per billion tokens (right axis)."""
     plt = _pyplot()
-    target = check_plot_path(str(path))
     fitting = [c for c in comparisons if c.planned is not None]
-    knob_lines = knob_labels([c.planned.knobs for c in fitting if c.planned is not None])
-    labels = [f"{c.instance_type}\n{knobs}" for c, knobs in zip(fitting, knob_lines, strict=True)]
+    knob_lines = knob_labels([c.planned.knobs for c in fitting if c.planned is not None], per_line=1)
+    labels = [f"{c.instance_type}\n{knobs}".rstrip() for c, knobs in zip(fitting, knob_lines, strict=True)]
     labels += [f"{c.instance_type}\ndoes not fit" for c in comparisons if c.planned is None]
     speeds = [c.planned.tokens_per_second_per_gpu for c in fitting if c.planned is not None]
     prices = [c.planned.usd_per_billion_tokens for c in fitting if c.planned is not None]
-    figure, axis = plt.subplots(figsize=(max(8, 2.0 * len(labels)), 5.5))
+    figure, axis = plt.subplots(figsize=(_figure_width(labels), 6.0), layout="constrained")
     axis.bar(range(len(speeds)), speeds, color="tab:blue", label="tokens/s/GPU")
+    _band_bars(axis, speeds, [c.band.tokens_per_second for c in fitting], "tokens/s error band")
     axis.set_ylabel("tokens/s per GPU")
-    axis.set_xticks(range(len(labels)), labels, fontsize=7)
-    _right_axis_line(axis, prices, "$ per billion tokens (on demand)")
-    figure.legend(loc="upper right", fontsize=7)
-    return _save(figure, axis, f"{profile} on {nodes} node(s) of each instance type", target, plt)
+    axis.set_xticks(range(len(labels)), labels, fontsize=TICK_FONT_SIZE)
+    right = _right_axis_line(axis, prices, "$ per billion tokens (on demand)")
+    _legend(figure, [axis, right])
+    axis.set_title(f"{profile} on {nodes} node(s) of each instance type")
+    return figure
+
+
+def plot_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison], path: str | Path) -> Path:
+    """Write :func:`compare_figure` as a PNG."""
+    target = check_plot_path(str(path))
+    figure = compare_figure(profile, nodes, comparisons)
+    return _save(figure, figure.axes[0], figure.axes[0].get_title(), target, _pyplot())

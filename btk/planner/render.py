@@ -12,7 +12,8 @@ from btk.knobs import TrainingKnobs
 from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.cost import PLAN_FEE_NOTE, TrainingCost
 from btk.planner.memory import MemoryBreakdown
-from btk.planner.search import Evaluation, GlobalBatch, Plan, WhatIf
+from btk.planner.search import Evaluation, GlobalBatch, Plan, Scaling, WhatIf
+from btk.planner.throughput import MFU_PEAK
 from btk.table import Column, Table
 
 MEMORY_ROWS = ("parameters", "gradients", "optimizer", "activations", "logits", "other", "total", "capacity")
@@ -74,7 +75,7 @@ def render_evaluation(evaluation: Evaluation) -> str:
         lines.append(f"  DOES NOT FIT: {evaluation.describe_shortfall()}: it cannot run, so it has no speed or price")
         return "\n".join(lines)
     lines.append(
-        f"  estimate  {format_speed(e.tokens_per_second_per_gpu)} tokens/s/GPU  MFU {format_mfu(e.mfu)}  "
+        f"  estimate  {format_speed(e.tokens_per_second_per_gpu)} tokens/s/GPU  MFU {format_mfu(e.mfu)} of {MFU_PEAK}  "
         f"step {e.step_seconds:.2f} s  {format_usd(e.usd_per_billion_tokens)} per billion tokens  (fits: yes)"
     )
     return "\n".join(lines)
@@ -116,10 +117,39 @@ def render_scaling(plan: Plan) -> list[str]:
     )
     if scaling.efficiency is None or scaling.one_node_tokens_per_second_per_gpu is None:
         return [f"scaling: the profile does not fit one node, so no one-node figure to compare; {waits}"]
-    return [
+    lines = [
         f"scaling: {scaling.efficiency:.1%} of the one-node plan's "
         f"{format_speed(scaling.one_node_tokens_per_second_per_gpu)} tokens/s/GPU on {scaling.nodes} nodes; {waits}"
     ]
+    changes = scaling.knob_changes()
+    if scaling.efficiency > 1:
+        lines.append(f"  above 100%: {_scaling_reason(scaling, changes)}")
+    elif changes:
+        lines.append(f"  knobs differ from the one-node plan: {_knob_changes(changes)}")
+    return lines
+
+
+def _knob_changes(changes: dict[str, list[object]]) -> str:
+    return ", ".join(f"{name} {one} -> {here}" for name, (one, here) in changes.items())
+
+
+def _scaling_reason(scaling: Scaling, changes: dict[str, list[object]]) -> str:
+    """Why tokens/s per GPU on several nodes exceeds one node's, and so why a billion tokens costs less."""
+    if not changes:
+        return (
+            "the same knobs as the one-node plan with fewer gradient-accumulation steps per GPU, "
+            "for which the throughput model predicts more tokens per GPU-second"
+        )
+    if scaling.knobs_on_one_node is not None:
+        return (
+            f"{_knob_changes(changes)}: on {scaling.nodes} nodes each GPU holds a smaller shard of the model "
+            f"state, and that memory pays for knobs one node cannot hold (on one node: {scaling.knobs_on_one_node}); "
+            "they do more work per GPU-second, so a billion tokens costs less than on one node"
+        )
+    return (
+        f"{_knob_changes(changes)}: these knobs fit one node too, but with this node count's batch shape the "
+        "throughput model predicts them faster per GPU than the one-node plan's"
+    )
 
 
 def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
@@ -200,18 +230,18 @@ def _longest(comparison: InstanceComparison) -> str:
 
 
 def _rank(comparison: InstanceComparison) -> str:
-    """``1``; ``=1`` where the row is indistinguishable from another; ``?`` outside the evidence; ``-`` misfit."""
+    """``1``; ``1-3`` where the error bands leave the place open; ``?`` outside the evidence; ``-`` misfit."""
     rank = comparison.cost_rank
     if comparison.planned is None:
         return "-"
     if rank is None:
         return "?"
-    return f"={rank.rank}" if rank.indistinguishable_from else str(rank.rank)
+    return rank.label()
 
 
 COMPARE_TABLE: Table[InstanceComparison] = Table(
     [
-        Column("rank", _rank, "right", 4),
+        Column("rank", _rank, "right", 5),
         Column("instance type", lambda c: c.instance_type, "left", 22),
         Column("GPU", lambda c: c.gpu, "left", 12),
         Column(
@@ -238,8 +268,9 @@ def _usd_per_billion(comparison: InstanceComparison) -> str:
 def _ranking_lines(comparisons: Sequence[InstanceComparison]) -> list[str]:
     """What the rank column means, and, for each row, the costlier rows the models cannot tell it apart from."""
     lines = [
-        "rank: by $ per billion tokens, cheapest first; '=N': indistinguishable from another row (the costs differ "
-        "by less than the wider of their error bands); '?': outside the published evidence, not ranked"
+        "rank: by $ per billion tokens, cheapest first; 'N-M': within the error bands the row can take any place "
+        "from N to M (it is indistinguishable from the rows named below: the costs differ by less than the wider "
+        "of their bands); '?': outside the published evidence, not ranked"
     ]
     position = {c.instance_type: index for index, c in enumerate(comparisons)}
     for row in comparisons:
@@ -258,7 +289,7 @@ def _ranking_lines(comparisons: Sequence[InstanceComparison]) -> list[str]:
 def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceComparison]) -> str:
     lines = [f"{profile} on {nodes} node(s) of each instance type, cheapest first", ""]
     costs = [c.planned.training_cost for c in comparisons if c.planned is not None and c.planned.training_cost]
-    notes = ["", *_ranking_lines(comparisons)]
+    notes = ["", *_ranking_lines(comparisons), f"MFU: of the GPU's {MFU_PEAK} peak, whatever the row's precision"]
     if costs:
         notes.append(
             f"days, $ to train: {format_tokens(costs[0].total_tokens)} tokens on demand at the catalog price; "

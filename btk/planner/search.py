@@ -147,6 +147,12 @@ class Scaling:
     """None where no knob set trains the profile on one node."""
     reason: str | None = None
     """Why there is no one-node figure."""
+    knobs: TrainingKnobs | None = None
+    """The multi-node plan's knobs."""
+    one_node_knobs: TrainingKnobs | None = None
+    """The one-node plan's knobs (None where no knob set trains the profile on one node)."""
+    knobs_on_one_node: str | None = None
+    """Why the multi-node plan's knobs cannot train on one node (None where they can, or no one-node plan)."""
 
     @property
     def efficiency(self) -> float | None:
@@ -163,17 +169,49 @@ class Scaling:
             "one_node_tokens_per_second_per_gpu": None if one is None else round(one, 1),
             "efficiency": None if efficiency is None else round(efficiency, 4),
             "reason": self.reason,
+            "knobs_changed": self.knob_changes(),
+            "knobs_on_one_node": self.knobs_on_one_node,
         }
+
+    def knob_changes(self) -> dict[str, list[Any]]:
+        """The knobs the multi-node plan sets differently from the one-node plan: ``{name: [one node, here]}``.
+
+        More nodes shard parameters, gradients and optimizer state more finely, so a plan on several
+        nodes may afford a larger micro-batch or less activation checkpointing than one node can hold:
+        that is how its tokens/s per GPU can exceed the one-node plan's (scaling above 100 %).
+        """
+        if self.knobs is None or self.one_node_knobs is None:
+            return {}
+        here, one = self.knobs.model_dump(), self.one_node_knobs.model_dump()
+        return {name: [one[name], here[name]] for name in NEAREST_KNOBS if one[name] != here[name]}
 
 
 def scaling_vs_one_node(profile: ModelProfile, instance: InstanceType, nodes: int, evaluation: Evaluation) -> Scaling:
     """``evaluation``'s speed on ``nodes`` nodes against the best plan for one node (same profile, same batch)."""
     speed = evaluation.estimate.tokens_per_second_per_gpu
     try:
-        one = plan_profile(profile, instance, 1).evaluation.estimate.tokens_per_second_per_gpu
+        one = plan_profile(profile, instance, 1).evaluation
     except InfeasiblePlanError as error:
-        return Scaling(nodes, speed, None, f"no plan on one node: {error}")
-    return Scaling(nodes, speed, one)
+        return Scaling(nodes, speed, None, f"no plan on one node: {error}", knobs=evaluation.knobs)
+    return Scaling(
+        nodes,
+        speed,
+        one.estimate.tokens_per_second_per_gpu,
+        knobs=evaluation.knobs,
+        one_node_knobs=one.knobs,
+        knobs_on_one_node=_why_not_on_one_node(profile, instance, evaluation.knobs),
+    )
+
+
+def _why_not_on_one_node(profile: ModelProfile, instance: InstanceType, knobs: TrainingKnobs) -> str | None:
+    """Why ``knobs`` (hybrid shard read as full shard, the global batch kept) cannot train on one node."""
+    if knobs.sharding == "hybrid_shard":
+        knobs = knobs.model_copy(update={"sharding": "full_shard"})
+    try:
+        evaluation = evaluate_knobs(profile, instance, 1, _keep_global_batch(profile, instance, 1, knobs))
+    except InfeasiblePlanError as error:
+        return str(error)
+    return None if evaluation.fits else evaluation.describe_shortfall()
 
 
 @dataclass(frozen=True)
@@ -628,7 +666,8 @@ class WhatIf:
         ]
 
 
-#: The knobs :func:`nearest_fitting` counts changes of (gradient accumulation follows from them).
+#: The knobs :func:`nearest_fitting` counts changes of, and :meth:`Scaling.knob_changes` compares (gradient
+#: accumulation follows from them).
 NEAREST_KNOBS = (
     "micro_batch_size",
     "activation_checkpointing",

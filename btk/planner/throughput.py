@@ -88,6 +88,9 @@ from btk.planner.cost import tokens_billion
 from btk.planner.memory import parallelism_for
 from btk.profile import ModelArchitecture
 
+MFU_PEAK = "dense bf16"
+"""The peak every MFU figure is a share of, whatever the plan's precision (torchtitan's convention)."""
+
 ELEMENTWISE_PASSES = 3.0
 """Forward, and a backward that reads and writes about twice the forward's element-wise bytes."""
 LOSS_BYTES_PER_VOCAB = {True: 8.0, False: 30.0}

@@ -35,9 +35,13 @@ from btk_trainer.model import (
     chunked_linear_cross_entropy,
     cross_entropy_chunk,
 )
+from btk_trainer.third_party_logs import quiet_third_party_logs
 
 __all__ = ["MeshShape", "build_mesh", "data_parallel_rank", "float8_all_gather_enabled", "mesh_shape", "parallelize",
            "train_context"]
+
+# torchao is imported lazily below; its import-time lines that no user can act on are dropped first.
+quiet_third_party_logs(cuda_available=torch.cuda.is_available())
 
 MIN_FP8_CAPABILITY = (8, 9)  # Ada/Hopper and newer have fp8 tensor cores
 MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell

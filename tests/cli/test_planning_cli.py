@@ -377,3 +377,32 @@ def test_plan_estimate_and_compare_carry_the_band_of_their_question(
 
     most_nodes = json.loads(BAND_FILE.read_text())["envelope"]["nodes"][1]
     assert (relative is None) == (int(nodes) > most_nodes)
+
+
+def test_scaling_above_100_percent_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    """LLaMA 65B on 4 B200 nodes: the finer shards free memory for a larger micro-batch, which the line names,
+    with what those knobs would need on one node; below 100 % no such claim is made."""
+    code, out, _ = run(capsys, "plan", "llama-65b", "--nodes", "4", "--format", "json")
+    assert code == 0
+    scaling = json.loads(out)["scaling_vs_one_node"]
+    assert scaling["efficiency"] > 1
+    changed = scaling["knobs_changed"]
+    assert changed and scaling["knobs_on_one_node"].startswith("needs ")
+    code, text, _ = run(capsys, "plan", "llama-65b", "--nodes", "4")
+    line = next(line for line in text.splitlines() if line.startswith("  above 100%:"))
+    for name, (one, here) in changed.items():
+        assert f"{name} {one} -> {here}" in line
+    assert "one node cannot hold" in line and "costs less than on one node" in line
+    code, text, _ = run(capsys, "plan", "llama3.1-8b", "--nodes", "2")
+    assert "scaling: 9" in text and "above 100%" not in text
+
+
+@pytest.mark.parametrize("argv", [["plan", "llama3.1-8b"], ["estimate", "llama3.1-8b", "--set", "precision=bf16"]])
+def test_mfu_names_the_peak_it_is_a_share_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """An fp8 plan's MFU is against the dense bf16 peak (torchtitan's convention), and the line says so."""
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    estimate = next(line for line in out.splitlines() if line.strip().startswith("estimate"))
+    assert " of dense bf16 " in estimate.split("MFU", 1)[1]
+    code, out, _ = run(capsys, "compare", "llama3.1-8b")
+    assert "MFU: of the GPU's dense bf16 peak, whatever the row's precision" in out

@@ -188,14 +188,27 @@ def wrong_values(shape: Any) -> list[Any]:
     return ["text", 7]
 
 
+#: The ways :func:`corrupted` takes an answer outside its shape.
+CORRUPTIONS = ("null", "wrong", "missing")
+
+
 @st.composite
-def corrupted(draw: st.DrawFn, value: Any, shape: Any) -> Generated:
-    """``value`` with one node taken outside ``shape``: null, a required member deleted, or a wrong value."""
+def corrupted(draw: st.DrawFn, value: Any, shape: Any, kind: str | None = None) -> Generated:
+    """``value`` with one node taken outside ``shape``: null, a required member deleted, or a wrong value
+    (``kind``, one of :data:`CORRUPTIONS`, forces one way; a node with no required member present is
+    nulled where ``missing`` is forced)."""
     path, node, node_shape = draw(st.sampled_from(list(nodes(value, shape))))
     missing = [name for name in node_shape.required_members if isinstance(node, dict) and name in node] if (
         node_shape.type_name == "structure"
     ) else []  # fmt: skip
-    how = draw(st.sampled_from(["null", "wrong", "missing"] if missing else ["null", "wrong"]))
+    if kind == "missing" and not missing:
+        structures = [(p, n, s) for p, n, s in nodes(value, shape) if s.type_name == "structure" and isinstance(n, dict)
+                      and any(name in n for name in s.required_members)]  # fmt: skip
+        if structures:
+            path, node, node_shape = draw(st.sampled_from(structures))
+            missing = [name for name in node_shape.required_members if name in node]
+    allowed = ["null", "wrong", "missing"] if missing else ["null", "wrong"]
+    how = draw(st.sampled_from([kind] if kind in allowed else allowed))
     where = ".".join(map(str, path)) or "the answer"
     if how == "missing":
         name = draw(st.sampled_from(missing))
@@ -224,14 +237,19 @@ def _without(value: Any, path: tuple[Any, ...]) -> Any:
     return copied
 
 
-def answers(operation: str, hints: Hints | None = None, corrupt: int = 4) -> st.SearchStrategy[Generated]:
-    """Answers of ``operation`` (a boto3 method name): inside the shape, or (one in ``corrupt``) outside it."""
+def answers(
+    operation: str, hints: Hints | None = None, corrupt: int = 4, always: str | None = None
+) -> st.SearchStrategy[Generated]:
+    """Answers of ``operation`` (a boto3 method name): inside the shape, or (one in ``corrupt``) outside it;
+    ``corrupt`` 0 never corrupts; ``always`` (one of :data:`CORRUPTIONS`) corrupts every answer that way."""
     shape = output_shape(operation)
 
     @st.composite
     def build(draw: st.DrawFn) -> Generated:
         value = draw(valid(shape, hints or {}))
-        if draw(st.sampled_from([False] * (corrupt - 1) + [True])):  # the simplest draw: not corrupted
+        if always is not None:
+            return draw(corrupted(value, shape, always))
+        if corrupt > 0 and draw(st.sampled_from([False] * (corrupt - 1) + [True])):  # simplest: not corrupted
             return draw(corrupted(value, shape))
         return Generated(value)
 

@@ -19,9 +19,11 @@ target, fee, an id listed twice). Whatever it is served:
   when nothing else stands in the way (approved, no plan of that name, no live plan of the
   environment).
 
-Each test prints its counts (``pytest -s`` shows them) and asserts their minimums; the last test
-asserts over 2,000 generated answers served in all (about 2,600 in a typical run, in about 25 s
-of one core).
+Each suite prints its counts (``pytest -s`` shows them: about 2,600 generated answers in all in a
+typical run). No test asserts a count, which depends on generation, not on the code: beside each
+suite, tests that serve every answer corrupted one way (null, a wrong value, a required member
+deleted) prove that each kind is drawn and handled, and in-shape tests prove that a matching
+offering is bought and that every job found is described.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from aws_answers import Generated, answers, api_name, model, valid
+from aws_answers import CORRUPTIONS, Generated, answers, api_name, model, valid
 from botocore.exceptions import ClientError
 from cli_fixtures import ENVIRONMENTS, ON_DEMAND_ENV, PROFILE, RESERVE_ENV, RESERVE_START, btk, install
 from hypothesis import HealthCheck, given, settings
@@ -287,11 +289,29 @@ def tally(test: str, account: Account, **more: int) -> None:
         counts["ended in one line on a bad answer"] += 1
 
 
-def report_counts(test: str, **minimums: int) -> None:
+def report_counts(test: str) -> None:
+    """Print what a suite was served (``pytest -s`` shows it). Nothing is asserted on the counts: how many
+    answers a run draws depends on generation, not on the code; that every kind of answer is drawn and
+    handled is proved by the forced-corruption and in-shape tests below each suite."""
     counts = COUNTS[test]
     print(f"\n{test}: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())))
-    for key, minimum in minimums.items():
-        assert counts[key.replace("_", " ")] >= minimum, (key, counts)
+
+
+def corruption_kind(generated: Generated) -> str:
+    """Which of :data:`aws_answers.CORRUPTIONS` took ``generated`` outside its shape."""
+    assert generated.corruption is not None
+    if generated.corruption.endswith(" deleted"):
+        return "missing"
+    return "null" if generated.corruption.endswith(" set to None") else "wrong"
+
+
+def first_served_corruption(account: Account) -> str:
+    """The kind of the first answer served outside its shape."""
+    for items in account.answered.values():
+        for item in items:
+            if isinstance(item, Generated) and item.outside:
+                return corruption_kind(item)
+    raise AssertionError("no answer outside its shape was served")
 
 
 def run_many(test: Callable[..., None], examples: int) -> None:
@@ -307,16 +327,19 @@ def one_line(line: str | None) -> bool:
     return line is not None and "\n" not in line and bool(line.strip())
 
 
-def capacity_answers(found: int) -> dict[str, st.SearchStrategy[Any]]:
-    """What the training-plan calls answer: DescribeTrainingPlan finds a plan one time in ``found``."""
-    describe = answers("describe_training_plan", PLAN)
+def capacity_answers(found: int, always: str | None = None) -> dict[str, st.SearchStrategy[Any]]:
+    """What the training-plan calls answer: DescribeTrainingPlan finds a plan one time in ``found``;
+    ``always`` corrupts every answer that way (:data:`aws_answers.CORRUPTIONS`)."""
+    describe = answers("describe_training_plan", PLAN, always=always)
     return {
         "describe_training_plan": st.integers(1, found).flatmap(
             lambda n: describe if n == found else st.just(NOT_FOUND)
         ),
-        "list_training_plans": answers("list_training_plans", PLAN_LISTING, corrupt=10),
-        "search_training_plan_offerings": answers("search_training_plan_offerings", OFFERING, corrupt=6),
-        "create_training_plan": answers("create_training_plan", {"TrainingPlanArn": st.just(plan_arn("x"))}, corrupt=8),
+        "list_training_plans": answers("list_training_plans", PLAN_LISTING, corrupt=10, always=always),
+        "search_training_plan_offerings": answers("search_training_plan_offerings", OFFERING, corrupt=6,
+                                                  always=always),
+        "create_training_plan": answers("create_training_plan", {"TrainingPlanArn": st.just(plan_arn("x"))}, corrupt=8,
+                                        always=always),
     }
 
 
@@ -425,7 +448,62 @@ def test_the_reservation_lambda_on_generated_answers(capsys: pytest.CaptureFixtu
         capsys.readouterr()  # the handler's log lines
 
     run_many(deploys, 300)
-    report_counts("lambda", generated=1000, corrupted=60, purchases=15, cases=900)
+    report_counts("lambda")
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_the_reservation_lambda_ends_in_one_line_on_each_kind_of_bad_answer(
+    kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every answer corrupted ``kind``'s way: the first call's answer ends the deploy in one line naming it,
+    no call follows and nothing is bought."""
+    strategies = capacity_answers(found=1, always=kind)
+
+    @given(case=LAMBDA_CASES, data=st.data())
+    def deploys(case: LambdaCase, data: st.DataObject) -> None:
+        account = Account(data, strategies)
+        line = run_lambda(case, account)
+        assert account.first_bad is not None and first_served_corruption(account) == kind
+        assert one_line(line) and line is not None and line.startswith(account.first_bad), (account.first_bad, line)
+        assert account.after_bad == [] and len(account.calls) == 1, account.calls
+        capsys.readouterr()
+
+    run_many(deploys, 12)
+
+
+def test_the_reservation_lambda_buys_the_one_offering_that_matches() -> None:
+    """In-shape answers, no plan of that name, approved, an offering that matches in every field among
+    others: one matching offering is bought, once."""
+    exact = {
+        "TrainingPlanOfferingId": "tpo-match", "TargetResources": ["training-job"], "DurationHours": HOURS,
+        "DurationMinutes": 0, "CurrencyCode": "USD", "UpfrontFee": "90000.00",
+        "ReservedCapacityOfferings": [{"InstanceType": INSTANCE, "InstanceCount": COUNT, "AvailabilityZone": AZ,
+                                       "StartTime": START, "EndTime": START + timedelta(hours=HOURS)}],
+    }  # fmt: skip
+    others = valid(shape("TrainingPlanOffering"), {**OFFERING, "TrainingPlanOfferingId": st.just("tpo-other")})
+    strategies = {
+        "describe_training_plan": st.just(NOT_FOUND),
+        "list_training_plans": answers("list_training_plans", {**PLAN_LISTING, "TrainingPlanSummaries": st.just([]),
+                                                               "NextToken": st.just("")}, corrupt=0),
+        "search_training_plan_offerings": answers("search_training_plan_offerings", {
+            **OFFERING, "NextToken": st.just(""),
+            "TrainingPlanOfferings": st.lists(others, max_size=2).map(lambda more: [copy.deepcopy(exact), *more])},
+            corrupt=0),
+        "create_training_plan": answers("create_training_plan", {"TrainingPlanArn": st.just(plan_arn("x"))}, corrupt=0),
+    }  # fmt: skip
+
+    @given(data=st.data())
+    def deploys(data: st.DataObject) -> None:
+        case = LambdaCase("reserve", None, True)
+        account = Account(data, strategies)
+        line = run_lambda(case, account)
+        if account.first_bad is not None:  # a listing that never ends (one in forty): covered above
+            assert one_line(line) and "gave more than" in account.first_bad, account.first_bad
+            return
+        matching, bought = check_purchase(account, case)
+        assert matching >= 1 and bought == 1, (line, matching, bought)  # check_purchase: what is bought matches
+
+    run_many(deploys, 12)
 
 
 # --------------------------------------------------------------------------- btk capacity
@@ -492,7 +570,31 @@ def test_btk_capacity_on_generated_answers(monkeypatch: pytest.MonkeyPatch, caps
         monkeypatch.setattr(capacity, "sagemaker_client", lambda region: account)
 
     run_many(runs, 100)
-    report_counts("btk capacity", generated=200, corrupted=12, cases=300)
+    report_counts("btk capacity")
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_btk_capacity_ends_in_one_line_on_each_kind_of_bad_answer(
+    kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every answer corrupted ``kind``'s way: each command that calls SageMaker ends with exit 2 and one line
+    naming the first call, and calls nothing after it."""
+    install(monkeypatch)
+    monkeypatch.setattr(catalog, "all_environments", lambda: {**ENVIRONMENTS, EXISTING_ENV.name: EXISTING_ENV})
+    strategies = capacity_answers(found=1, always=kind)
+
+    @given(argv=CAPACITY_COMMANDS, data=st.data())
+    def runs(argv: list[str], data: st.DataObject) -> None:
+        account = Account(data, strategies)
+        outcome = run_command(capsys, argv, account, connect, (0, 1))
+        if account.calls:
+            assert account.first_bad is not None and first_served_corruption(account) == kind
+            assert outcome.code == 2, outcome
+
+    def connect(account: Account) -> None:
+        monkeypatch.setattr(capacity, "sagemaker_client", lambda region: account)
+
+    run_many(runs, 12)
 
 
 # --------------------------------------------------------------------------- btk report
@@ -565,15 +667,32 @@ STEPS: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
-REPORT_ANSWERS: dict[str, st.SearchStrategy[Any]] = {
-    "list_pipeline_executions": answers(
-        "list_pipeline_executions", {**TOKENS, "PipelineExecutionArn": st.sampled_from(EXECUTION_ARNS)}, corrupt=10
-    ),
-    "list_pipeline_execution_steps": answers("list_pipeline_execution_steps", STEPS, corrupt=10),
-    "search": answers("search", {**JOB, **TOKENS}, corrupt=10),
-    "describe_training_job": answers("describe_training_job", JOB, corrupt=8),
-    "describe_training_plan": answers("describe_training_plan", PLAN, corrupt=8),
-}
+def report_answers(in_shape: bool = False, describes: str | None = None) -> dict[str, st.SearchStrategy[Any]]:
+    """What ``btk report``'s calls answer: ``in_shape`` corrupts no listing and every search lists at least one
+    named job; ``describes`` corrupts every Describe answer that way (:data:`aws_answers.CORRUPTIONS`)."""
+    rare, often = (0, 0) if in_shape else (10, 8)
+    tokens = {"NextToken": st.just("")} if in_shape else TOKENS
+    search_hints = {**JOB, **tokens}
+    search = answers("search", search_hints, corrupt=rare)
+    if in_shape:
+        named = st.tuples(valid(shape("TrainingJob"), JOB), st.sampled_from(JOB_NAMES)).map(
+            lambda pair: {**pair[0], "TrainingJobName": pair[1]}
+        )
+        search_hints["Results"] = st.lists(st.fixed_dictionaries({"TrainingJob": named}), min_size=1, max_size=3)
+        search = answers("search", search_hints, corrupt=0).filter(lambda answer: bool(answer.value.get("Results")))
+    return {
+        "list_pipeline_executions": answers(
+            "list_pipeline_executions", {**tokens, "PipelineExecutionArn": st.sampled_from(EXECUTION_ARNS)},
+            corrupt=rare,
+        ),
+        "list_pipeline_execution_steps": answers("list_pipeline_execution_steps", {**STEPS, **tokens}, corrupt=rare),
+        "search": search,
+        "describe_training_job": answers("describe_training_job", JOB, corrupt=often, always=describes),
+        "describe_training_plan": answers("describe_training_plan", PLAN, corrupt=often, always=describes),
+    }  # fmt: skip
+
+
+REPORT_ANSWERS = report_answers()
 REPORT_COMMANDS = st.sampled_from(["table", "markdown", "json"]).map(
     lambda output: ["report", "--env", ON_DEMAND_ENV.name, "--since", "2015-01-01", "--format", output]
 )
@@ -596,13 +715,56 @@ def test_btk_report_on_generated_answers(monkeypatch: pytest.MonkeyPatch, capsys
         monkeypatch.setattr(aws, "make_client", lambda region: account)
 
     run_many(runs, 80)
-    report_counts("btk report", generated=450, corrupted=40, cases=240, jobs_described=25)
+    report_counts("btk report")
 
 
-def test_over_two_thousand_generated_answers_in_all() -> None:
-    """Runs last in this module: the total over the three suites above (skipped when they did not all run)."""
-    if set(COUNTS) != {"lambda", "btk capacity", "btk report"}:
-        pytest.skip("the three suites did not all run")
-    total = sum(counts["generated"] for counts in COUNTS.values())
-    print(f"\ngenerated answers served in all: {total}")
-    assert total >= 2000
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_btk_report_ends_in_one_line_on_each_kind_of_bad_answer(
+    kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Listings in shape that find jobs, every Describe answer corrupted ``kind``'s way: the first one ends the
+    report with exit 2 and one line naming it, and nothing is called after it."""
+    install(monkeypatch)
+    strategies = report_answers(in_shape=True, describes=kind)
+
+    @given(argv=REPORT_COMMANDS, data=st.data())
+    def runs(argv: list[str], data: st.DataObject) -> None:
+        account = Account(data, strategies)
+        outcome = run_command(capsys, argv, account, connect, (0,))
+        assert account.first_bad is not None, outcome
+        if "DescribeTrainingJob" not in account.first_bad:  # a listing that never ends (one in forty)
+            assert "gave more than" in account.first_bad, account.first_bad
+            return
+        assert first_served_corruption(account) == kind and outcome.code == 2, outcome
+        assert account.calls[-1][0] == "describe_training_job"
+
+    def connect(account: Account) -> None:
+        monkeypatch.setattr(aws, "make_client", lambda region: account)
+
+    run_many(runs, 12)
+
+
+def test_btk_report_describes_every_job_it_finds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-shape answers with jobs to find: every job the pipelines' steps or the tag search name is described
+    exactly once, and the report succeeds."""
+    install(monkeypatch)
+    strategies = report_answers(in_shape=True)
+
+    @given(argv=REPORT_COMMANDS, data=st.data())
+    def runs(argv: list[str], data: st.DataObject) -> None:
+        account = Account(data, strategies)
+        outcome = run_command(capsys, argv, account, connect, (0,))
+        if account.first_bad is not None:  # an endless or token-repeating listing: covered above
+            return
+        assert outcome.code == 0, outcome
+        found = {record["TrainingJob"]["TrainingJobName"] for page in account.served_in_shape("search")
+                 for record in page["Results"]}  # fmt: skip
+        described = [call["TrainingJobName"] for name, call in account.calls if name == "describe_training_job"]
+        assert found and found <= set(described) and len(described) == len(set(described)), (found, described)
+
+    def connect(account: Account) -> None:
+        monkeypatch.setattr(aws, "make_client", lambda region: account)
+
+    run_many(runs, 12)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from fixture_catalog import PROFILES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from btk.hardware import get_instance_type
 from btk.planner.compare import CostRank, InstanceComparison, compare_instance, compare_instances, rank_by_cost
@@ -23,6 +25,7 @@ FITTING_KEYS = [
     "training_cost",
     "longest_seq_len_one_node",
     "cost_rank",
+    "cost_rank_worst",
     "indistinguishable_from",
     "error_band",
 ]
@@ -114,7 +117,7 @@ def test_rows_are_sorted_by_cost_and_differences_inside_the_band_are_indistingui
     assert [row.instance_type for row in ranked] == ["a", "b", "c", "d"]
     standing = {row.instance_type: row.cost_rank for row in ranked}
     # b is 8 % dearer than a, inside the wider band (10 %); c is 30 % dearer than a but 20.4 % dearer than b
-    assert standing["a"] == CostRank(1, ("b",))
+    assert standing["a"] == CostRank(1, ("b",)) and standing["a"].label() == "1-2"
     assert standing["b"] == CostRank(1, ("a",))
     assert standing["c"] == CostRank(3, ())
     assert standing["d"] == CostRank(4, ())
@@ -132,7 +135,61 @@ def test_a_row_outside_the_evidence_is_not_ranked_and_misfits_come_last() -> Non
 def test_indistinguishable_rows_are_named_in_the_text() -> None:
     text = render_compare("p", 1, rank_by_cost([_row("a", 100.0, 0.1), _row("b", 105.0, 0.1)]))
     assert "a $100 per billion tokens is indistinguishable from b $105" in text
-    assert [line.split()[0] for line in text.splitlines()[4:6]] == ["=1", "=1"]
+    assert [line.split()[0] for line in text.splitlines()[4:6]] == ["1-2", "1-2"]
+
+
+def _ranges(text: str) -> dict[str, tuple[int, int]]:
+    """The rank column of a compare table: instance type -> (best, worst) place."""
+    ranges = {}
+    for line in text.splitlines()[4:]:
+        if not line.strip():
+            break
+        label, name = line.split()[:2]
+        best, _, worst = label.partition("-")
+        ranges[name] = (int(best), int(worst or best))
+    return ranges
+
+
+def _named_pairs(text: str) -> set[frozenset[str]]:
+    """The pairs the notes under the table call indistinguishable."""
+    pairs = set()
+    names = set(_ranges(text))
+    for line in text.splitlines():
+        if " is indistinguishable from " in line and line.split()[0] in names:
+            head, _, tail = line.partition(" is indistinguishable from ")
+            pairs |= {frozenset((head.split()[0], other.split()[0])) for other in tail.split(", ")}
+    return pairs
+
+
+def test_a_wide_band_row_and_the_rows_its_band_covers_share_places() -> None:
+    """The case a user met: a wide-band row indistinguishable from a far costlier one, two narrow rows between.
+
+    Labels that named ranks (=1, =3) contradicted the note that rows 1 and 4 cannot be told apart;
+    the ranges say it: row 1 can take any place, row 4 place 3 or 4.
+    """
+    rows = [_row("b200", 199.0, 1.037), _row("p5", 213.0, 0.261), _row("p5en", 214.0, 0.261),
+            _row("p4de", 279.0, 0.076)]
+    text = render_compare("p", 1, rank_by_cost(rows))
+    assert _ranges(text) == {"b200": (1, 4), "p5": (1, 3), "p5en": (1, 3), "p4de": (3, 4)}
+    assert frozenset(("b200", "p4de")) in _named_pairs(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(50.0, 500.0), st.sampled_from([0.02, 0.05, 0.1, 0.3, 1.0])),
+                min_size=1, max_size=6))
+def test_the_rank_labels_and_the_indistinguishable_notes_agree(costs: list[tuple[float, float]]) -> None:
+    """For any costs and bands: rows named indistinguishable have overlapping places, a certain place (one
+    number) belongs to a row indistinguishable from none."""
+    ranked = rank_by_cost([_row(f"i{n}", round(cost), band) for n, (cost, band) in enumerate(costs)])
+    text = render_compare("p", 1, ranked)
+    ranges, pairs = _ranges(text), _named_pairs(text)
+    assert sorted(ranges) == sorted(row.instance_type for row in ranked)
+    for pair in pairs:
+        (a_best, a_worst), (b_best, b_worst) = (ranges[name] for name in pair)
+        assert a_best <= b_worst and b_best <= a_worst, (pair, ranges)
+    for name, (best, worst) in ranges.items():
+        assert 1 <= best <= worst <= len(ranges)
+        assert (best == worst) == (not any(name in pair for pair in pairs)), (name, ranges, pairs)
 
 
 def test_total_tokens_replaces_the_profiles_in_the_cost() -> None:
