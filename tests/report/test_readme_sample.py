@@ -15,8 +15,8 @@ def _section(text: str, heading: str) -> list[str]:
 
 
 def test_readme_sample_tables_come_from_the_rendered_sample() -> None:
-    readme = _section((REPO / "README.md").read_text(), "## Experiment economics: `btk report`")
-    rows = [line for line in readme if line.startswith("| ") and not line.startswith("| profile")]
+    readme = _section((REPO / "README.md").read_text(), "## Five-minute tour")
+    rows = [line for line in readme if line.startswith("| ") and not line.startswith("| profile")]  # step 6's tables
     assert len(rows) >= 6, "the README should show per-profile and overall rows of both tables"
     rendered = (REPO / "docs" / "report.md").read_text().splitlines()
     missing = [row for row in rows if row not in rendered]
