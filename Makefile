@@ -79,8 +79,10 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy btk profiles environments.py app.py stacks training_constructs containers/btk_trainer
 
+# As many workers as cores; a file's tests stay on one worker, so a module-scoped fixture (a training run,
+# the full-size dry runs) is built once.
 pytest: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto --dist loadfile
 
 infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from training_constructs.definition_cache import CACHE_ENV
 
 # Hermetic runs: every synth, in-process or through the CDK CLI, builds its pipeline
 # definitions with the SDK and writes nothing under the user's cache. The cache's own tests
 # turn it on in a temporary directory.
 os.environ[CACHE_ENV] = "off"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests (multi-process torch, full-app synth, the suite re-run on another user's config) first, so
+    under `make test`'s parallel run (pytest-xdist, ``--dist loadfile``: a file's tests, and so its
+    module-scoped fixtures, stay on one worker) the long files start while the short ones fill the other
+    worker, instead of ending the run on one core. The order is the same on every worker (xdist requires
+    it): a stable sort."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -27,8 +27,13 @@ def _as_list(value: Any) -> list[Any]:
 
 def wildcard_match(pattern: str, value: str, *, case_sensitive: bool = True) -> bool:
     """IAM's ``*`` (any run, ``:`` and ``/`` included) and ``?`` (one character); nothing else is special."""
+    return _wildcard_regex(pattern, case_sensitive).fullmatch(value) is not None
+
+
+@functools.cache  # a policy's few patterns are matched against every action and resource probed
+def _wildcard_regex(pattern: str, case_sensitive: bool) -> re.Pattern[str]:
     regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.fullmatch(regex, value, 0 if case_sensitive else re.IGNORECASE) is not None
+    return re.compile(regex, 0 if case_sensitive else re.IGNORECASE)
 
 
 def _string_like(expected: str, actual: str) -> bool:
@@ -119,6 +124,7 @@ def _decide(statements: Iterable[Mapping[str, Any]], action: str, resource: str,
     return allowed
 
 
+@functools.cache  # pure, and asked again for every role and probe of an isolation check
 def globs_intersect(first: str, second: str) -> bool:
     """Whether some string matches both IAM patterns (``*`` any run, ``?`` one character)."""
 
@@ -139,6 +145,7 @@ def globs_intersect(first: str, second: str) -> bool:
     return meet(0, 0)
 
 
+@functools.cache
 def glob_overlaps(pattern: str, arn_template: str) -> bool:
     """Whether an IAM resource pattern can name a resource of the type whose ARN is ``arn_template``.
 

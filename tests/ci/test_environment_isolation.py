@@ -105,11 +105,16 @@ def service_actions(service: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(actions)
 
 
-def actions_on(probe: Probe) -> list[str]:
+def actions_on(probe: Probe) -> tuple[str, ...]:
     """The actions AWS lists for the probe's resource type (those whose formats fit its ARN)."""
-    fitting = [action for action, formats in service_actions(probe.service)
-               if any(glob_overlaps(probe.arn, arn_format) for arn_format in formats)]
-    assert fitting, f"no action of {probe.service} takes {probe.arn}"
+    return _actions_on(probe.service, probe.arn)
+
+
+@functools.cache  # the same resources are probed by every role of every environment
+def _actions_on(service: str, arn: str) -> tuple[str, ...]:
+    fitting = tuple(action for action, formats in service_actions(service)
+                    if any(glob_overlaps(arn, arn_format) for arn_format in formats))
+    assert fitting, f"no action of {service} takes {arn}"
     return fitting
 
 
