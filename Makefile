@@ -20,7 +20,11 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: setup setup-infra synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
 
-setup: $(VENV)/.installed node_modules/.installed
+# The virtualenvs and node_modules install side by side (-j: three installs of mostly disk and unpacking);
+# `make test`'s set-up stage also prepares checkov's, which its checkov stage needs.
+SETUP_TARGETS := $(VENV)/.installed node_modules/.installed
+setup:
+	$(MAKE) --no-print-directory -j3 $(SETUP_TARGETS) $(if $(STAGED),$(CHECKOV_VENV)/.installed)
 
 # setuptools prints a boxed notice on every editable install ("Please be careful with folders in your
 # working directory with the same name as your package"): the repository root is the package root by
@@ -68,7 +72,8 @@ synth-all: setup-infra
 
 ## test: lint, type-check, unit and integration tests, infrastructure linters. Every stage runs
 ## even when another failed (one whose prerequisite failed is skipped); a summary ends the run.
-TEST_STAGES := setup lint:setup typecheck:setup pytest:setup synth-all:setup cfn-lint:synth-all \
+## The type check (one core) runs in the background beside the tests (`&`: scripts/test_stages.sh).
+TEST_STAGES := setup 'typecheck:setup&' lint:setup pytest:setup synth-all:setup cfn-lint:synth-all \
   checkov:synth-all hadolint:setup actionlint:setup zizmor:setup
 test:
 	bash scripts/test_stages.sh "$(MAKE) STAGED=1" $(TEST_STAGES)

@@ -43,12 +43,31 @@ def test_a_failure_does_not_stop_the_stages_after_it(tmp_path: Path) -> None:
     assert ran == ["setup", "lint", "typecheck", "pytest", "synth-all", "hadolint"]  # skipped ones never start
 
 
+def test_a_background_stage_runs_beside_the_next_and_is_summarised_in_order(tmp_path: Path) -> None:
+    """`typecheck:setup&` starts, `pytest` runs while it does, and both are in the summary in the order given;
+    a background stage's failure fails the run, prints its output, and skips what needs it."""
+    fake = tmp_path / "fake-make"
+    log = tmp_path / "calls"
+    fake.write_text(f'#!/usr/bin/env bash\necho "start $2" >> {log}\n'
+                    f'[ "$2" = typecheck ] && {{ sleep 1; echo "mypy says no"; echo "end $2" >> {log}; exit 1; }}\n'
+                    f'echo "end $2" >> {log}\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT), str(fake), "setup", "typecheck:setup&", "pytest:setup",
+                           "after:typecheck"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stdout.rstrip().endswith("make test: FAILED")
+    assert _summary(done.stdout) == {"setup": "passed", "typecheck": "failed", "pytest": "passed", "after": "skipped"}
+    assert list(_summary(done.stdout)) == ["setup", "typecheck", "pytest", "after"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls.index("start pytest") < calls.index("end typecheck"), calls  # pytest ran while typecheck did
+    assert "mypy says no" in done.stdout and "after       (typecheck did not pass)" in done.stdout
+
+
 def test_make_test_declares_every_check_as_a_stage() -> None:
     """Each check the Makefile defines is a stage of `make test`, so none can be left out of the summary."""
     makefile = (ROOT / "Makefile").read_text()
     stages_text = re.search(r"^TEST_STAGES := (.*?)(?<!\\)\n", makefile, re.MULTILINE | re.DOTALL)
     assert stages_text is not None
-    stages = {spec.split(":")[0] for spec in stages_text.group(1).replace("\\\n", " ").split()}
+    stages = {spec.strip("'").split(":")[0].rstrip("&") for spec in stages_text.group(1).replace("\\\n", " ").split()}
     assert stages == {"setup", "lint", "typecheck", "pytest", "synth-all", "cfn-lint", "checkov", "hadolint",
                       "actionlint", "zizmor"}
     assert re.search(r"^test:\n\tbash scripts/test_stages\.sh .*\$\(TEST_STAGES\)$", makefile, re.MULTILINE)
