@@ -84,10 +84,11 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy btk profiles environments.py app.py stacks training_constructs containers/btk_trainer
 
-# As many workers as cores; a file's tests stay on one worker, so a module-scoped fixture (a training run,
-# the full-size dry runs) is built once.
+# As many workers as cores, at most 4 (each holds torch, the CDK and the synthesized stacks: 2-4 GB); a
+# file's tests stay on one worker, so a module-scoped fixture (a training run, the full-size dry runs) is
+# built once. The 15 slowest tests are listed at the end: where the time goes.
 pytest: setup
-	$(VENV)/bin/pytest -q -n auto --dist loadfile
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 

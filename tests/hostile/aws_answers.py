@@ -69,6 +69,8 @@ class Generated:
 
     value: Any
     corruption: str | None = None
+    kind: str | None = None
+    """Which of :data:`CORRUPTIONS` made ``corruption`` (a wrong value may itself be ``None``)."""
 
     @property
     def outside(self) -> bool:
@@ -212,9 +214,9 @@ def corrupted(draw: st.DrawFn, value: Any, shape: Any, kind: str | None = None) 
     where = ".".join(map(str, path)) or "the answer"
     if how == "missing":
         name = draw(st.sampled_from(missing))
-        return Generated(_without(value, (*path, name)), f"required {where}.{name} deleted")
+        return Generated(_without(value, (*path, name)), f"required {where}.{name} deleted", how)
     replacement = None if how == "null" else draw(st.sampled_from(wrong_values(node_shape)))
-    return Generated(_replaced(value, path, replacement), f"{where} set to {replacement!r}")
+    return Generated(_replaced(value, path, replacement), f"{where} set to {replacement!r}", how)
 
 
 def _replaced(value: Any, path: tuple[Any, ...], replacement: Any) -> Any:
