@@ -86,7 +86,8 @@ typecheck: setup
 
 # As many workers as cores, at most 4 (each holds torch, the CDK and the synthesized stacks: 2-4 GB); a
 # file's tests stay on one worker, so a module-scoped fixture (a training run, the full-size dry runs) is
-# built once. The 15 slowest tests are listed at the end: where the time goes.
+# built once (not --dist loadgroup: under pytest 9 xdist 3.8's group suffix on the node id does not take).
+# The 15 slowest tests are listed at the end: where the time goes.
 pytest: setup
 	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
