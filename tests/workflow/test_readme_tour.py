@@ -50,17 +50,22 @@ def _option(argv: list[str], flag: str) -> str:
 def _pipeline_parameters(argv: list[str]) -> dict[str, str]:
     if "--pipeline-parameters" not in argv:
         return {}
-    pairs = argv[argv.index("--pipeline-parameters") + 1 :]
-    return dict(re.fullmatch(r"Name=(\w+),Value=(\S+)", pair).groups() for pair in pairs)  # type: ignore[union-attr]
+    parameters = {}
+    for pair in argv[argv.index("--pipeline-parameters") + 1 :]:
+        match = re.fullmatch(r"Name=(\w+),Value=(\S+)", pair)
+        assert match is not None, f"not a Name=...,Value=... pair: {pair!r}"
+        parameters[match[1]] = match[2]
+    return parameters
 
 
-def _definition(synth: Synth, pipeline_name: str) -> dict[str, Any]:
-    """The pipeline's definition as the template holds it (intrinsics replaced by fake values)."""
-    for resource in synth.resources("AWS::SageMaker::Pipeline").values():
-        if resource["Properties"]["PipelineName"] == pipeline_name:
-            body = resource["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"]
-            return dict(json.loads(resolve(synth.template, body)))
-    raise AssertionError(f"{pipeline_name} is not in {synth.env_name}'s template")
+def _definition(synths: dict[str, Synth], pipeline_name: str) -> dict[str, Any]:
+    """The pipeline's definition as its environment's template holds it (intrinsics replaced by fake values)."""
+    for synth in synths.values():
+        for resource in synth.resources("AWS::SageMaker::Pipeline").values():
+            if resource["Properties"]["PipelineName"] == pipeline_name:
+                body = resource["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"]
+                return dict(json.loads(resolve(synth.template, body)))
+    raise AssertionError(f"no environment's template holds {pipeline_name}")
 
 
 def test_the_tour_has_six_steps_of_one_command_each() -> None:
@@ -99,9 +104,7 @@ def test_steps_4_and_5_start_a_pipeline_of_the_template_with_its_parameters(
 ) -> None:
     argv = tour()[step][1]
     assert argv[:3] == ["aws", "sagemaker", "start-pipeline-execution"]
-    name = _option(argv, "--pipeline-name")
-    env = name.split("-")[1]
-    declared = {parameter["Name"] for parameter in _definition(synths[env], name)["Parameters"]}
+    declared = {parameter["Name"] for parameter in _definition(synths, _option(argv, "--pipeline-name"))["Parameters"]}
     assert set(_pipeline_parameters(argv)) <= declared, (declared, argv)
 
 
