@@ -118,15 +118,15 @@ def _legend(figure: Any, axes: Sequence[Any]) -> None:
     """One legend for every axis, below the figure: it covers neither the bars nor the title."""
     handles, names = [], []
     for axis in axes:
-        for handle, name in zip(*axis.get_legend_handles_labels(), strict=True):
-            handles.append(handle)
-            names.append(name)
+        more_handles, more_names = axis.get_legend_handles_labels()
+        handles += more_handles
+        names += more_names
     figure.legend(handles, names, loc="outside lower center", ncols=min(5, len(names)), fontsize=7)
 
 
-def _save(figure: Any, axis: Any, title: str, target: Path, plt: Any) -> Path:
-    """Title the figure, write it to ``target`` (a write error is one line) and close it."""
-    axis.set_title(title)
+def _save(figure: Any, target: Path) -> Path:
+    """Write the figure to ``target`` (a write error is one line) and close it."""
+    plt = _pyplot()
     try:
         figure.savefig(target, dpi=110)
     except OSError as error:
@@ -184,7 +184,7 @@ def plot_plan(plan: Plan, path: str | Path, top: int = 8) -> Path:
     """Write :func:`plan_figure` as a PNG."""
     target = check_plot_path(str(path))
     figure = plan_figure(plan, top)
-    return _save(figure, figure.axes[0], figure.axes[0].get_title(), target, _pyplot())
+    return _save(figure, target)
 
 
 def plot_plans(plans: Sequence[Plan], path: str | Path) -> list[Path]:
@@ -217,4 +217,4 @@ def plot_compare(profile: str, nodes: int, comparisons: Sequence[InstanceCompari
     """Write :func:`compare_figure` as a PNG."""
     target = check_plot_path(str(path))
     figure = compare_figure(profile, nodes, comparisons)
-    return _save(figure, figure.axes[0], figure.axes[0].get_title(), target, _pyplot())
+    return _save(figure, target)
