@@ -58,15 +58,17 @@ TRACKED = {
 def test_fake_tensors_count_what_real_tensors_count(name: str) -> None:
     """Every category of the peak on fake tensors equals the same run's with real tensors on the CPU.
 
-    Under float8 tensor parallelism one activation of the micro-batch's full sequence (bf16, hidden
-    wide) is freed at a point of the step that varies from run to run, with real tensors as with
-    fake ones: there the figures agree within that one tensor.
+    Under float8 tensor parallelism the float8 copy of a column-parallel block's gathered input (the
+    micro-batch's full sequence, hidden wide, one byte an element; two blocks a layer: attention and MLP)
+    is freed at a point of the step that varies from run to run, with real tensors as with fake ones.
+    Over some fifty runs of the two-layer toy the peak's activations spanned four such copies (five
+    values); there the figures agree within one copy per block.
     """
     case = TRACKED[name]
     fake, real = dryrun.run_steps(case), dryrun.run_steps(case, fake=False)
     knobs, arch = case.knobs, case.architecture
-    one_activation = knobs.micro_batch_size * knobs.seq_len * arch.hidden_size * 2 / dryrun.GIB
-    slack = one_activation if name == "tp2-fp8" else 0.0
+    float8_copy = knobs.micro_batch_size * knobs.seq_len * arch.hidden_size / dryrun.GIB
+    slack = 2 * arch.num_layers * float8_copy if name == "tp2-fp8" else 0.0
     for category in (*dryrun.CATEGORIES, "total"):
         assert abs(getattr(fake, category) - getattr(real, category)) <= slack + 1e-12, category
     assert real.activations > 0 and real.optimizer > 0
