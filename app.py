@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -35,7 +36,7 @@ from btk.errors import BtkError
 from btk.hardware import INSTANCE_TYPES
 
 #: Context keys that override a field of the selected environment (values are strings).
-OVERRIDABLE = ("account", "region", "availability_zone")
+OVERRIDABLE = ("account", "region", "availability_zone", "image_uri")
 #: Exit code for a configuration error, as for every ``btk`` user error.
 CONFIG_ERROR_EXIT = 2
 
@@ -110,14 +111,45 @@ def cli_context() -> dict[str, Any]:
     return context
 
 
+def project_context() -> dict[str, Any]:
+    """The context the CDK CLI reads from the project (cdk.json's ``context``, then cdk.context.json).
+
+    An app built in-process (tests, ``btk``) gets the same feature flags and validation as one the
+    CLI runs.
+    """
+    here = Path(__file__).resolve().parent
+    context: dict[str, Any] = {}
+    for name, key in (("cdk.json", "context"), ("cdk.context.json", None)):
+        path = here / name
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            context.update(data.get(key, {}) if key else data)
+    return context
+
+
 def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = None) -> Any:
     """Validate the environment from ``context``, then build the app with cdk-nag applied.
 
-    ``context`` defaults to the CDK CLI's context (``-c key=value``). Raises ``BtkError``
+    ``context`` defaults to the CDK CLI's context (``-c key=value``); one given here is added to
+    the project's (:func:`project_context`), as the CLI adds ``-c`` values. Raises ``BtkError``
     before any construct exists (before aws_cdk is even imported) if the configuration is
-    invalid.
+    invalid. With ``-c boundary=<env>`` the app holds that environment's permissions boundary
+    alone (``BtkBoundary-<env>``, deployed before ``cdk bootstrap``: docs/deploy.md).
     """
-    env_config = load_environment(cli_context() if context is None else context)
+    from_cli = context is None
+    context = cli_context() if context is None else {**project_context(), **context}
+    app_context = None if from_cli else dict(context)
+    env_config = load_environment(context)
+    from stacks.boundary_stack import BOUNDARY_CONTEXT, add_boundary_stack
+    from training_constructs.nag import apply_nag
+
+    if context.get(BOUNDARY_CONTEXT):
+        from aws_cdk import App
+
+        app = App(outdir=outdir, analytics_reporting=False, context=app_context)
+        add_boundary_stack(app, list(all_environments().values()), context)
+        apply_nag(app)
+        return app
     from training_constructs import definition_worker
 
     definition_worker.prepare(env_config.region)  # a no-op unless main() started the worker
@@ -127,20 +159,15 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     # The environment's own bootstrap (cdk bootstrap --qualifier): its CI role may assume only
     # that bootstrap's roles, so it cannot deploy through another environment's (docs/ci.md).
     synthesizer = DefaultStackSynthesizer(qualifier=env_config.bootstrap_qualifier)
-    app = App(outdir=outdir, analytics_reporting=False, default_stack_synthesizer=synthesizer)
+    app = App(outdir=outdir, analytics_reporting=False, default_stack_synthesizer=synthesizer, context=app_context)
 
     from stacks.training_stack import TrainingStack
-    from training_constructs.nag import apply_nag
 
     TrainingStack(app, "TrainingStack", env_config=env_config)
     # CiAccessStack (GitHub OIDC roles) is added only with `-c ci_access=true`: docs/ci.md.
     from stacks.ci_access_stack import add_ci_access_stack
 
     add_ci_access_stack(app, list(all_environments().values()), context)
-    # The environment's scoped CDK bootstrap is added only with `-c bootstrap=<env>`: docs/ci.md.
-    from stacks.bootstrap_stack import add_bootstrap_stack
-
-    add_bootstrap_stack(app, list(all_environments().values()), context)
     apply_nag(app)
     return app
 

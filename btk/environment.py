@@ -61,6 +61,14 @@ SPOT_WAIT_FACTOR = 2
 #: SageMaker Pipelines' retry policies: at most 20 attempts (``RetryPolicy.MaxAttempts``).
 MAX_RETRY_ATTEMPTS = 20
 #: An address SNS can deliver to: one ``@``, a dotted domain, no spaces.
+#: An image in an ECR repository (what SageMaker training pulls), by tag or digest; the repository's
+#: name rules: https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_CreateRepository.html
+ECR_IMAGE_URI = re.compile(
+    r"(?P<account>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z]{2}(?:-[a-z]+)+-[0-9])\.amazonaws\.com(?:\.cn)?/"
+    r"(?P<repository>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})",
+    re.ASCII,
+)
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
@@ -344,10 +352,25 @@ class EnvironmentConfig(BaseModel):
         "default 'btk' + the name without '-', cut to 10 characters (dev: btkdev). Each environment of an "
         "account and region needs its own, so one environment's CI role cannot deploy another",
     )
+    image_uri: str | None = Field(
+        default=None,
+        description="an ECR image built elsewhere (ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG or @sha256:DIGEST), "
+        "for teams with their own image pipeline; default None builds containers/Dockerfile at cdk deploy",
+    )
     job_retries: JobRetryConfig = JobRetryConfig()
     notification_emails: tuple[str, ...] = Field(
         default=(), description="addresses subscribed to the failure topic (each confirms by e-mail)"
     )
+
+    @field_validator("image_uri")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and not ECR_IMAGE_URI.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not an ECR image URI like 123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:v1 "
+                "(a tag, or @sha256: and 64 hex digits)"
+            )
+        return value
 
     @field_validator("notification_emails")
     @classmethod

@@ -23,8 +23,10 @@ It creates (or imports) the GitHub OIDC identity provider and:
   to these credentials. Giving it the lookup role instead would grant ``ReadOnlyAccess`` to
   the whole account to any branch that can open a pull request.
 
-The stack holds no secret and no long-lived key. It is deployed through the bootstrap of
-the first environment it serves.
+Each deploy role carries its environment's permissions boundary (``stacks/boundary_stack.py``),
+so the environments must be bootstrapped first. The stack holds no secret and no long-lived key.
+It is deployed with the caller's own credentials (``LegacyStackSynthesizer``: its template goes inline), not through
+an environment's bootstrap, whose roles may reach only that environment's stack.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aws_cdk import App, CfnOutput, DefaultStackSynthesizer, Duration, Environment, Stack
+from aws_cdk import App, CfnOutput, Duration, Environment, LegacyStackSynthesizer, Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from btk.bootstrap import boundary_policy_name
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
 from training_constructs.nag import acknowledge_wildcard_resources
@@ -161,7 +164,9 @@ class CiAccessStack(Stack):
             scope,
             construct_id,
             env=env,
-            synthesizer=DefaultStackSynthesizer(qualifier=props.environments[0].bootstrap_qualifier),
+            # Deployed by a person with the account's own credentials, not through an environment's
+            # bootstrap: each bootstrap's roles may reach only that environment's stack.
+            synthesizer=LegacyStackSynthesizer(),
             description="Blackwell Training Kit: GitHub Actions OIDC roles for deploying each environment",
             analytics_reporting=False,
         )
@@ -183,6 +188,9 @@ class CiAccessStack(Stack):
                 subject=environment_subject(props.github_repo, env_config.name),
                 description=(
                     f"GitHub Actions deploy of environment {env_config.name}: may only assume the CDK bootstrap roles"
+                ),
+                boundary=iam.ManagedPolicy.from_managed_policy_name(
+                    self, f"Boundary-{env_config.name}", boundary_policy_name(env_config)
                 ),
             )
             role.add_to_principal_policy(
@@ -245,7 +253,8 @@ class CiAccessStack(Stack):
         return arns
 
     def _github_role(
-        self, construct_id: str, *, role_name: str, subject: str | list[str], description: str
+        self, construct_id: str, *, role_name: str, subject: str | list[str], description: str,
+        boundary: iam.IManagedPolicy | None = None,
     ) -> iam.Role:
         principal = iam.WebIdentityPrincipal(
             self.provider.oidc_provider_arn,
@@ -263,6 +272,7 @@ class CiAccessStack(Stack):
             assumed_by=principal,
             description=description,
             max_session_duration=self.props.max_session,
+            permissions_boundary=boundary,
         )
 
 

@@ -11,10 +11,10 @@ from aws_cdk import CfnOutput, Environment, Stack, Tags
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from btk.bootstrap import boundary_policy_name
 from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
 from btk.planner.search import plan_environment
-from stacks.bootstrap_stack import boundary_name
 from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps, datasets_bucket_name
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
@@ -22,7 +22,7 @@ from training_constructs.observability import TrainingObservability, TrainingObs
 from training_constructs.pipeline import PipelineResources, PlannedProfile, TrainingPipelines, TrainingPipelinesProps
 from training_constructs.removal import data_removal_policy
 from training_constructs.retention import RETENTION_DAYS
-from training_constructs.training_image import TrainingImage
+from training_constructs.training_image import TrainingImage, TrainingImageProps
 from training_constructs.training_plan import TrainingPlanReservation, TrainingPlanReservationProps
 
 
@@ -48,10 +48,10 @@ class TrainingStack(Stack):
         for key, value in sorted(env_config.tags.items()):
             Tags.of(self).add(key, value)
         # Every role of the environment carries its bootstrap's permissions boundary
-        # (stacks/bootstrap_stack.py): the boundary refuses to create a role without it, and keeps
+        # (stacks/boundary_stack.py): the boundary refuses to create a role without it, and keeps
         # each role off other environments' resources.
         iam.PermissionsBoundary.of(self).apply(
-            iam.ManagedPolicy.from_managed_policy_name(self, "PermissionsBoundary", boundary_name(env_config))
+            iam.ManagedPolicy.from_managed_policy_name(self, "PermissionsBoundary", boundary_policy_name(env_config))
         )
         removal_policy = data_removal_policy(env_config.retain_data)
         log_retention = RETENTION_DAYS[env_config.log_retention_days]
@@ -86,7 +86,7 @@ class TrainingStack(Stack):
                 datasets_bucket_name=datasets_bucket,
             ),
         )
-        self.image = TrainingImage(self, "TrainingImage")
+        self.image = TrainingImage(self, "TrainingImage", props=TrainingImageProps(image_uri=env_config.image_uri))
         self.execution_role = TrainingExecutionRole(
             self,
             "ExecutionRole",

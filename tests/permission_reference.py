@@ -299,10 +299,10 @@ def sagemaker_arn(kind: str, name: str) -> str:
     return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{kind}/{name}"
 
 
-def boundary_statements(bootstrap_template: dict[str, Any]) -> list[dict[str, Any]]:
-    """The permissions boundary of an environment's bootstrap (stacks/bootstrap_stack.py), resolved."""
-    (policy,) = [r for r in bootstrap_template["Resources"].values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
-    statements: list[dict[str, Any]] = cfn_fakes.resolve(bootstrap_template, policy["Properties"]["PolicyDocument"])[
+def boundary_statements(boundary_template: dict[str, Any]) -> list[dict[str, Any]]:
+    """The permissions boundary of an environment (stacks/boundary_stack.py), resolved."""
+    (policy,) = [r for r in boundary_template["Resources"].values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
+    statements: list[dict[str, Any]] = cfn_fakes.resolve(boundary_template, policy["Properties"]["PolicyDocument"])[
         "Statement"
     ]
     return statements
@@ -567,7 +567,7 @@ def coverage(callers: Iterable[Caller]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Synthesize each environment (and a reserve-mode variant), check every caller, print coverage."""
-    from reserve_variant import reserve_environment, synthesize_bootstrap, synthesize_environment
+    from reserve_variant import reserve_environment, synthesize_boundary, synthesize_environment
 
     import environments
 
@@ -580,9 +580,9 @@ def main(argv: Sequence[str]) -> int:
         template = synthesize_environment(env)
         try:
             boundary: list[dict[str, Any]] | None = boundary_statements(
-                synthesize_bootstrap(env, environments.ENVIRONMENTS)
+                synthesize_boundary(env, environments.ENVIRONMENTS)
             )
-        except ModuleNotFoundError:  # a tree from before stacks/bootstrap_stack.py: roles have no boundary
+        except ModuleNotFoundError:  # a tree from before stacks/boundary_stack.py: roles have no boundary
             boundary = None
         plan = _plan_arn(env)
         found = [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan, boundary),

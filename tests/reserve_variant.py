@@ -38,13 +38,14 @@ def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -
     """TrainingStack of ``env`` with cdk-nag (an unacknowledged finding raises); the template."""
     from aws_cdk import App, DefaultStackSynthesizer
 
+    from app import project_context
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag
 
     out = outdir or Path(tempfile.mkdtemp(prefix=f"btk-{env.name}-"))
     # As app.py: the environment's own bootstrap (its qualifier names the asset bucket and repository).
     synthesizer = DefaultStackSynthesizer(qualifier=env.bootstrap_qualifier)
-    app = App(outdir=str(out), default_stack_synthesizer=synthesizer)
+    app = App(outdir=str(out), default_stack_synthesizer=synthesizer, context=project_context())  # cdk.json's flags
     apply_nag(app)
     stack = TrainingStack(app, "TrainingStack", env_config=env)
     app.synth()
@@ -52,20 +53,21 @@ def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -
     return template
 
 
-def synthesize_bootstrap(env: EnvironmentConfig, environments: Sequence[EnvironmentConfig]) -> dict[str, Any]:
-    """``env``'s scoped bootstrap (stacks/bootstrap_stack.py) with cdk-nag; its neighbours are the
-    other ``environments`` of its account (``env`` itself may be a variant of one of them)."""
+def synthesize_boundary(env: EnvironmentConfig, environments: Sequence[EnvironmentConfig]) -> dict[str, Any]:
+    """``env``'s permissions boundary (stacks/boundary_stack.py) with cdk.json's context and cdk-nag; its
+    neighbours are the other ``environments`` of its account (``env`` itself may be a variant of one of them)."""
     from aws_cdk import App
 
-    from stacks.bootstrap_stack import EnvironmentBootstrapProps, EnvironmentBootstrapStack
+    from app import project_context
+    from stacks.boundary_stack import EnvironmentBoundaryProps, EnvironmentBoundaryStack
     from training_constructs.nag import apply_nag
 
-    out = Path(tempfile.mkdtemp(prefix=f"btk-bootstrap-{env.name}-"))
-    app = App(outdir=str(out))
+    out = Path(tempfile.mkdtemp(prefix=f"btk-boundary-{env.name}-"))
+    app = App(outdir=str(out), context=project_context())
     apply_nag(app)
     neighbours = [other for other in environments if other.name != env.name and other.account == env.account]
-    stack = EnvironmentBootstrapStack(
-        app, f"BtkBootstrap-{env.name}", props=EnvironmentBootstrapProps(environment=env, neighbours=neighbours)
+    stack = EnvironmentBoundaryStack(
+        app, f"BtkBoundary-{env.name}", props=EnvironmentBoundaryProps(environment=env, neighbours=neighbours)
     )
     app.synth()
     template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())

@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 from btk.cli.streams import closed, tolerate_unencodable
 from btk.errors import BtkError, printable
 
-COMMAND_MODULES = ("btk.cli.planning", "btk.cli.profile", "btk.cli.capacity", "btk.cli.report", "btk.cli.doctor")
+COMMAND_MODULES = ("btk.cli.planning", "btk.cli.profile", "btk.cli.capacity", "btk.cli.report", "btk.cli.doctor",
+                   "btk.cli.bootstrap")
 EXIT_USAGE = 2
 
 

@@ -1,8 +1,7 @@
 """The CDK bootstrap of the environment's qualifier: present in the account and region, recent enough.
 
-The project's own bootstrap stack ``BtkBootstrap-<env>`` (``stacks/bootstrap_stack.py``, in place
-of ``cdk bootstrap``: its roles are scoped to the environment) writes its version to the SSM
-parameter ``/cdk-bootstrap/Q/version``, as ``cdk bootstrap --qualifier Q`` does; every
+``btk bootstrap --env ENV`` runs ``cdk bootstrap --qualifier Q`` (:mod:`btk.bootstrap`), which
+writes its version to the SSM parameter ``/cdk-bootstrap/Q/version``; every
 synthesized stack reads it (its ``BootstrapVersion``
 parameter) and refuses to deploy below the version its synthesizer needs. aws-cdk-lib's
 ``DefaultStackSynthesizer`` needs 6 to deploy and 8 for its lookup role
@@ -16,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from btk.bootstrap import bootstrap_command_line
 from btk.doctor.aws import Caller, ServiceError
 from btk.doctor.findings import FAIL, PASS, WARN, Finding
 from btk.environment import EnvironmentConfig
@@ -41,7 +41,7 @@ def version_parameter(qualifier: str) -> str:
 
 def bootstrap_command(env: EnvironmentConfig, account: str) -> str:
     """The command that bootstraps (or upgrades the bootstrap of) the environment, as docs/deploy.md gives it."""
-    return f"npx cdk deploy BtkBootstrap-{env.name} -c bootstrap={env.name} -c account={account}"
+    return bootstrap_command_line(env, account)
 
 
 def lookup_role_arn(env: EnvironmentConfig, account: str, partition: str = "aws") -> str:

@@ -12,6 +12,8 @@ import fixture_catalog as fc
 import pytest
 from aws_cdk import App, Environment
 
+from app import project_context
+from btk.bootstrap import boundary_policy_name
 from btk.catalog import all_environments, default_environment_name, get_environment
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
@@ -103,7 +105,9 @@ def test_deploy_role_trusts_only_this_repository_and_environment(template: dict[
 @pytest.mark.parametrize("env", ENVIRONMENTS, ids=lambda e: e.name)
 def test_deploy_role_can_only_assume_the_cdk_bootstrap_roles(template: dict[str, Any], env: Any) -> None:
     logical_id, role = role_named(template, f"btk-github-deploy-{env.name}")
-    assert "ManagedPolicyArns" not in role and "Policies" not in role and "PermissionsBoundary" not in role
+    assert "ManagedPolicyArns" not in role and "Policies" not in role
+    # Bounded as every other role of its environment (stacks/boundary_stack.py).
+    assert resolve(role["PermissionsBoundary"]) == f"arn:aws:iam::{ACCOUNT}:policy/{boundary_policy_name(env)}"
     assert of_type(template, "AWS::IAM::ManagedPolicy") == {}
     (policy,) = policies_of(template, logical_id)
     (statement,) = policy["PolicyDocument"]["Statement"]
@@ -220,13 +224,15 @@ def test_environments_sharing_region_and_qualifier_are_refused() -> None:
                                                 bootstrap_qualifier="hnb659fds")))
 
 
-def test_ci_access_stack_deploys_through_its_first_environments_bootstrap() -> None:
-    app = App()
+def test_ci_access_stack_deploys_with_the_callers_credentials_through_no_bootstrap() -> None:
+    """An environment's bootstrap roles may reach only that environment's stack: the CLI must deploy this
+    stack as the person running it, assuming no role and reading no bootstrap version."""
+    app = App(context=project_context())
     stack = CiAccessStack(app, "CiAccessStack", props=CiAccessProps(environments=ENVIRONMENTS),
                           env=Environment(account=ACCOUNT, region="us-east-1"))
-    qualifier = ENVIRONMENTS[0].bootstrap_qualifier
-    template = app.synth().get_stack_by_name(stack.stack_name).template
-    assert template["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{qualifier}/version"
+    artifact = app.synth().get_stack_by_name(stack.stack_name)
+    assert "BootstrapVersion" not in artifact.template.get("Parameters", {})
+    assert artifact.assume_role_arn is None and artifact.cloud_formation_execution_role_arn is None
 
 
 def test_context_turns_the_stack_on_and_selects_environments() -> None:

@@ -209,3 +209,26 @@ def test_the_fee_ceiling_is_a_real_amount(fee: float) -> None:
         ReservePlanCapacity.model_validate({**RESERVE, "max_upfront_fee": fee})
     assert caught.value.errors()[0]["loc"] == ("max_upfront_fee",)
     assert "e+" not in repr(ReservePlanCapacity.model_validate({**RESERVE, "max_upfront_fee": 1e12}).max_upfront_fee)
+
+
+@pytest.mark.parametrize("uri", [
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:v1",
+    "123456789012.dkr.ecr.eu-west-1.amazonaws.com/ml/team-a/trainer:2026.12.02",
+    "123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/trainer@sha256:" + "a" * 64,
+])
+def test_an_image_built_elsewhere_is_an_ecr_uri_by_tag_or_digest(uri: str) -> None:
+    assert _env(image_uri=uri).image_uri == uri
+
+
+@pytest.mark.parametrize("uri", [
+    "docker.io/library/python:3.12",  # SageMaker training pulls from ECR
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer",  # no tag: "latest" by accident
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/Trainer:v1",  # repository names are lower case
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:v1\n",
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer@sha256:abc",
+    "12345678901.dkr.ecr.us-east-1.amazonaws.com/trainer:v1",
+])
+def test_an_image_uri_that_is_not_an_ecr_image_is_refused_naming_the_field(uri: str) -> None:
+    with pytest.raises(ValidationError, match=r"is not an ECR image URI like 123456789012\.dkr\.ecr") as caught:
+        _env(image_uri=uri)
+    assert caught.value.errors()[0]["loc"] == ("image_uri",)

@@ -282,7 +282,7 @@ def test_a_lookup_role_that_cannot_be_assumed_is_one_line_naming_the_bootstrap(
     assert captured.out == ""
     assert captured.err == (
         f"btk: error: cannot read as the lookup role {LOOKUP_ROLE}: AWS denied sts:AssumeRole (AccessDeniedException): "
-        f"bootstrap the environment (npx cdk deploy BtkBootstrap-dev -c bootstrap=dev -c account={ACCOUNT}) "
+        f"bootstrap the environment (btk bootstrap --env dev --account {ACCOUNT}) "
         "and let the caller assume it\n"
     )
 

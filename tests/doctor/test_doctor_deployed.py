@@ -50,7 +50,7 @@ def parameter(value: str) -> dict[str, Any]:
 
 
 BOOTSTRAP = "CDK bootstrap 'btkdev'"
-COMMAND = f"npx cdk deploy BtkBootstrap-dev -c bootstrap=dev -c account={ACCOUNT}"
+COMMAND = f"btk bootstrap --env dev --account {ACCOUNT}"
 
 
 def test_a_missing_bootstrap_fails_with_the_command_that_makes_it(capsys: pytest.CaptureFixture[str]) -> None:

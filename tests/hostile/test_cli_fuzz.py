@@ -587,6 +587,48 @@ def test_doctor(
         assert outcome.out.strip() and "Traceback" not in outcome.err, (args, outcome)
 
 
+@dataclass(frozen=True)
+class Flag:
+    """An option without a value: absent or given; hostile: given a value (``--yes=…``)."""
+
+    name: str
+
+    def __call__(self, hostile: bool) -> st.SearchStrategy[list[Arg]]:
+        if not hostile:
+            return st.sampled_from([[], [Arg((self.name,))]])
+        return GARBAGE.map(lambda value: [Arg((f"{self.name}={value}",), False)])
+
+
+ACCOUNT_OPTION = Opt("--account", ("123456789012", "000000000001"), lambda text: re.fullmatch(r"[0-9]{12}", text)
+                     is not None)
+
+
+@fuzz(60)
+@given(args=command_line(ENV_OPTION, ACCOUNT_OPTION, Flag("--yes"), Flag("--dry-run")))
+def test_bootstrap(
+    capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, monkeypatch: pytest.MonkeyPatch, args: list[Arg]
+) -> None:
+    """Invalid input runs nothing; valid input runs the two commands it prints (none with --dry-run)."""
+    import subprocess
+
+    ran: list[list[str]] = []
+
+    def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr("btk.cli.bootstrap.subprocess.run", run)
+    outcome = btk(capsys, ["bootstrap", *flat(args)])
+    if any(arg.valid is False for arg in args):
+        assert_one_line_error(outcome)
+        assert ran == [], (args, "invalid input ran a command")
+    else:
+        assert outcome.code == 0, (args, outcome)
+        printed = [line for line in outcome.out.splitlines() if line.startswith("$ ")]
+        assert len(printed) == 2, (args, outcome)
+        assert len(ran) == (0 if _given(args, "--dry-run") else 2), (args, ran)
+
+
 def _sub_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     action = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     return dict(action.choices)

@@ -111,3 +111,23 @@ def test_context_filter_and_dockerignore_allow_the_same_files() -> None:
         assert (REPO / path).exists(), path
         assert any(path == rule or path.startswith(f"{rule}/") for rule in allowed), path
         assert path.split("/")[0] in BUILD_INPUTS
+
+
+def test_an_image_built_elsewhere_is_pulled_from_its_repository_and_nothing_is_built(tmp_path: Path) -> None:
+    """``image_uri`` (or ``-c image_uri=``): no Docker asset in the cloud assembly, the URI in the stack's output,
+    and the execution role may pull from that repository alone."""
+    from reserve_variant import synthesize_environment
+
+    import environments
+
+    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/ml/trainer@sha256:" + "0" * 64
+    env = environments.ENVIRONMENTS[0].model_copy(update={"image_uri": uri})
+    template = synthesize_environment(env, tmp_path)
+    manifests = [json.loads(path.read_text()) for path in tmp_path.glob("*.assets.json")]
+    assert manifests and all(manifest.get("dockerImages", {}) == {} for manifest in manifests)
+    assert template["Outputs"]["ImageUri"]["Value"] == uri
+    pulls = [statement for resource in template["Resources"].values() if resource["Type"] == "AWS::IAM::Policy"
+             for statement in resource["Properties"]["PolicyDocument"]["Statement"]
+             if "ecr:BatchGetImage" in statement["Action"]]
+    assert [statement["Resource"] for statement in pulls] == [
+        "arn:aws:ecr:us-east-1:123456789012:repository/ml/trainer"]

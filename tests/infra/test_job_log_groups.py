@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import cfn_fakes
 from stack_synth import Synth
 
 from training_constructs.sagemaker_service import SAGEMAKER_LOG_GROUPS
@@ -52,6 +53,6 @@ def test_the_sdk_calls_may_touch_only_sagemakers_job_log_groups(synth: Synth) ->
             continue
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
             for resource in statement["Resource"]:
-                arn = "".join(part for part in resource["Fn::Join"][1] if isinstance(part, str))
+                arn = cfn_fakes.resolve(synth.template, resource)
                 group = arn.split(":log-group:", 1)[1].removesuffix(":*")
                 assert group in names, arn

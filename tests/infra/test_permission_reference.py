@@ -23,7 +23,7 @@ from permission_reference import (
     requests,
     sagemaker_arn,
 )
-from reserve_variant import reserve_environment, synthesize_bootstrap, synthesize_environment
+from reserve_variant import reserve_environment, synthesize_boundary, synthesize_environment
 from stack_synth import Synth
 
 import environments
@@ -48,7 +48,7 @@ def plan_arn(env: Any) -> str | None:
 def callers_of(env: Any, template: dict[str, Any]) -> list[Caller]:
     """The environment's roles, each capped by its bootstrap's permissions boundary."""
     neighbours = [cfn_fakes.in_fake_region(other) for other in environments.ENVIRONMENTS]
-    boundary = boundary_statements(synthesize_bootstrap(env, neighbours))
+    boundary = boundary_statements(synthesize_boundary(env, neighbours))
     return [*plan_handler_callers(template, env, boundary), *pipeline_callers(template, env, plan_arn(env), boundary),
             *execution_callers(template, env, boundary)]
 
