@@ -18,7 +18,7 @@ export AWS_EC2_METADATA_DISABLED := true
 export SAGEMAKER_VALIDATE_ROLE := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup setup-infra synth synth-all test lint typecheck pytest infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
+.PHONY: setup setup-infra synth synth-all test lint typecheck pytest deploy-rehearsal infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
 
 # The virtualenvs and node_modules install side by side (-j: three installs of mostly disk and unpacking);
 # `make test`'s set-up stage also prepares checkov's, which its checkov stage needs.
@@ -72,8 +72,9 @@ synth-all: setup-infra
 
 ## test: lint, type-check, unit and integration tests, infrastructure linters. Every stage runs
 ## even when another failed (one whose prerequisite failed is skipped); a summary ends the run.
-## The type check (one core) runs in the background beside the tests (`&`: scripts/test_stages.sh).
-TEST_STAGES := setup 'typecheck:setup&' lint:setup pytest:setup synth-all:setup cfn-lint:synth-all \
+## The type check (one core) and the deploy rehearsal (the CDK CLI against an AWS emulator, docs/deploy.md)
+## run in the background beside the tests (`&`: scripts/test_stages.sh).
+TEST_STAGES := setup 'typecheck:setup&' lint:setup 'deploy-rehearsal:setup&' pytest:setup synth-all:setup cfn-lint:synth-all \
   checkov:synth-all hadolint:setup actionlint:setup zizmor:setup
 test:
 	bash scripts/test_stages.sh "$(MAKE) STAGED=1" $(TEST_STAGES)
@@ -89,7 +90,12 @@ typecheck: setup
 # built once (not --dist loadgroup: under pytest 9 xdist 3.8's group suffix on the node id does not take).
 # The 15 slowest tests are listed at the end: where the time goes.
 pytest: setup
-	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15 --ignore=tests/deploy
+
+## deploy-rehearsal: docs/deploy.md's bootstrap and deploy, and docs/ci.md's CI access, run with the real
+## CDK CLI and btk against moto_server on loopback; every call a bootstrap role made checked against it.
+deploy-rehearsal: setup
+	$(VENV)/bin/pytest -q tests/deploy
 
 infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 

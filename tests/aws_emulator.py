@@ -36,6 +36,8 @@ class Emulator:
     endpoint: str
     env: Mapping[str, str]
     log: Path
+    recording: Path
+    """Every request the emulator answered, one JSON object a line (moto's recorder)."""
 
     def client(self, service: str, region: str = "us-east-1") -> Any:
         import boto3
@@ -43,12 +45,12 @@ class Emulator:
         return boto3.client(service, region_name=region, endpoint_url=self.endpoint,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
-    def run(self, command: Sequence[str], timeout: float = 600) -> str:
+    def run(self, command: Sequence[str], timeout: float = 600, allowed_exits: Sequence[int] = (0,)) -> str:
         """Run ``command`` in the repository against the emulator; its output, or a failure naming it."""
         result = subprocess.run(list(command), cwd=REPO, env=dict(self.env), capture_output=True, text=True,
                                 timeout=timeout, check=False)
         output = result.stdout + result.stderr
-        if result.returncode != 0:
+        if result.returncode not in allowed_exits:
             raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{output[-4000:]}")
         return output
 
@@ -68,9 +70,11 @@ def moto_server(workdir: Path, region: str = "us-east-1") -> Iterator[Emulator]:
     # (the CDK CLI builds the URL from AWS_ENDPOINT_URL).
     endpoint = f"http://localhost:{port}"
     log = workdir / "moto_server.log"
+    recording = workdir / "requests.jsonl"
+    server_env = {**os.environ, "MOTO_ENABLE_RECORDING": "1", "MOTO_RECORDER_FILEPATH": str(recording)}
     with log.open("w") as sink:
         process = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)], stdout=sink,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env=server_env)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -87,7 +91,7 @@ def moto_server(workdir: Path, region: str = "us-east-1") -> Iterator[Emulator]:
             "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
             "CDK_DISABLE_VERSION_CHECK": "1",
         })
-        yield Emulator(endpoint=endpoint, env=env, log=log)
+        yield Emulator(endpoint=endpoint, env=env, log=log, recording=recording)
     finally:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -242,3 +246,84 @@ def deployed_managed_policies(emulator: Emulator, stack_name: str, account: str,
         arns = values.resolve(properties.get("ManagedPolicyArns")) or []
         found[values.resolve(properties["RoleName"])] = list(arns if isinstance(arns, list) else [arns])
     return found
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One request the emulator answered: who signed it (access key id), the service and operation, its
+    parameters (query or JSON body), and for S3 the bucket and key of its path."""
+
+    access_key: str
+    service: str
+    operation: str
+    params: Mapping[str, Any]
+    bucket: str = ""
+    key: str = ""
+
+    def __str__(self) -> str:
+        where = f" {self.bucket}/{self.key}" if self.bucket else ""
+        return f"{self.service}:{self.operation}{where} {dict(self.params) if not self.bucket else ''}".rstrip()
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The recorder's entries; concurrent requests may share a line, so objects are read one after another."""
+    text, decoder, position, found = path.read_text(), json.JSONDecoder(), 0, []
+    while True:
+        while position < len(text) and text[position].isspace():
+            position += 1
+        if position >= len(text):
+            return found
+        entry, position = decoder.raw_decode(text, position)
+        found.append(entry)
+
+
+#: S3 REST requests: (method, the query parameter that names the sub-resource or "" for an object or
+#: bucket) -> operation.
+S3_OPERATIONS = {
+    ("GET", "list-type"): "ListObjectsV2", ("GET", "encryption"): "GetBucketEncryption",
+    ("GET", "location"): "GetBucketLocation", ("PUT", ""): "PutObject", ("GET", ""): "GetObject",
+    ("HEAD", ""): "HeadObject",
+}
+
+
+def recorded_calls(emulator: Emulator) -> list[RecordedCall]:
+    """Every signed AWS request in the emulator's recording, parsed; an S3 request of an unknown kind fails."""
+    from urllib.parse import parse_qs, urlsplit
+
+    calls = []
+    for entry in _entries(emulator.recording):
+        headers = {name.lower(): value for name, value in entry["headers"].items()}
+        credential = headers.get("authorization", "").partition("Credential=")[2].split(",")[0].split("/")
+        if len(credential) < 4:
+            continue  # the emulator's own API (/moto-api/), unsigned
+        access_key, service = credential[0], credential[3]
+        body = entry.get("body") or ""
+        if entry.get("body_encoded"):
+            import base64
+
+            body = base64.b64decode(body).decode("utf-8", "replace")
+        url = urlsplit(entry["url"])
+        if service == "s3":
+            bucket, _, key = url.path.lstrip("/").partition("/")
+            query = parse_qs(url.query, keep_blank_values=True)
+            sub = next((name for name in ("list-type", "encryption", "location") if name in query), "")
+            operation = S3_OPERATIONS.get((entry["method"], sub))
+            assert operation, f"an S3 request the check cannot name: {entry['method']} {url.path}?{url.query}"
+            calls.append(RecordedCall(access_key, service, operation, {}, bucket, key))
+        elif "x-amz-target" in headers:
+            params = json.loads(body or "{}")
+            calls.append(RecordedCall(access_key, service, headers["x-amz-target"].rsplit(".", 1)[-1], params))
+        else:
+            params = {name: values[0] for name, values in parse_qs(body, keep_blank_values=True).items()}
+            calls.append(RecordedCall(access_key, service, params.pop("Action", "?"), params))
+    return calls
+
+
+def caller_arn(emulator: Emulator, access_key: str) -> str:
+    """Who an access key is (the emulator identifies a caller by the key alone)."""
+    import boto3
+
+    sts = boto3.client("sts", region_name="us-east-1", endpoint_url=emulator.endpoint, aws_access_key_id=access_key,
+                       aws_secret_access_key="unchecked")
+    arn: str = sts.get_caller_identity()["Arn"]
+    return arn

@@ -30,7 +30,16 @@ from typing import Any
 
 import cfn_fakes
 import pytest
-from aws_emulator import Emulator, RoleRecord, deployed_managed_policies, moto_server, read_roles
+from aws_emulator import (
+    Emulator,
+    RecordedCall,
+    RoleRecord,
+    caller_arn,
+    deployed_managed_policies,
+    moto_server,
+    read_roles,
+    recorded_calls,
+)
 from iam_evaluation import Principal, glob_overlaps
 from permission_reference import reference, resource_arn_format
 from stack_synth import Synth, synths
@@ -58,6 +67,9 @@ class Account:
     emulator: Emulator
     roles: dict[str, RoleRecord]
     outputs: dict[str, str]
+    calls: list[RecordedCall]
+    callers: dict[str, str]
+    """Who each access key of the recorded calls is (an ARN)."""
 
 
 def code_blocks(doc: str, heading: str) -> list[str]:
@@ -106,10 +118,17 @@ def documented_deploy(env_name: str) -> list[str]:
             "--require-approval", "never", "--no-notices"]
 
 
+def documented_doctor(env_name: str) -> list[str]:
+    """docs/deploy.md's ``btk doctor`` before the deploy, as the deploy workflow runs it: as the lookup role."""
+    (command,) = [c for c in code_blocks("deploy.md", "## 3. Deploy an environment") if c.startswith("btk doctor")]
+    words = [env_name if word == "staging" else word for word in command.split("#")[0].split()]
+    return [".venv/bin/btk", *words[1:], "--lookup-role"]
+
+
 @pytest.fixture(scope="module")
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
-    """An empty emulated account after docs/ci.md's steps 1 and 2 and docs/deploy.md's step 3, run as written
-    (``--yes`` and ``--require-approval never`` answer the CLI's questions)."""
+    """An empty emulated account after docs/ci.md's steps 1 and 2 and docs/deploy.md's step 3 (the doctor,
+    then the deploy), run as written (``--yes`` and ``--require-approval never`` answer the CLI's questions)."""
     workdir: Path = tmp_path_factory.mktemp("emulated-account")
     with moto_server(workdir, REGION) as emulator:
         outputs: dict[str, str] = {}
@@ -119,9 +138,12 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
             named.update(deployed_managed_policies(emulator, toolkit_stack_name(env), ACCOUNT, env.region))
         outputs["ci access"] = emulator.run(documented_ci_access())
         for name in ENVS:
+            outputs[f"doctor {name}"] = emulator.run(documented_doctor(name), allowed_exits=(0, 1))
             outputs[f"deploy {name}"] = emulator.run(documented_deploy(name))
         roles = read_roles(emulator, "", named)
-        yield Account(emulator, roles, outputs)
+        calls = recorded_calls(emulator)
+        callers = {key: caller_arn(emulator, key) for key in {call.access_key for call in calls}}
+        yield Account(emulator, roles, outputs, calls, callers)
 
 
 def bootstrap_role(env_name: str, kind: str) -> str:
@@ -363,6 +385,100 @@ def test_each_environments_deploy_reaches_its_change_set_through_its_own_bootstr
         bodies = [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
         assert [body for body in bodies if IMAGE_URI in json.dumps(body) and "AWS::SageMaker::Pipeline" in
                 json.dumps(body)], keys
+
+
+#: Operations whose IAM action is not ``service:Operation`` (AWS's Service Authorization Reference).
+IAM_ACTIONS = {
+    ("s3", "ListObjectsV2"): "s3:ListBucket",
+    ("s3", "GetBucketEncryption"): "s3:GetEncryptionConfiguration",
+    ("s3", "HeadObject"): "s3:GetObject",
+}
+#: Calls the CDK CLI makes knowing they may be refused, and carries on without: (role kind, action,
+#: resource) -> why.
+DEFAULT_TOOLKIT = f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/CDKToolkit/1a2b3c4d-0000"
+TOLERATED = {
+    ("deploy", "cloudformation:DescribeStacks", DEFAULT_TOOLKIT):
+        "the CLI looks for the default toolkit stack to decide whether assets cross accounts, and goes on without it",
+}
+
+
+def stack_arn(name: str) -> str:
+    return f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{name}/1a2b3c4d-0000"
+
+
+def authorized_requests(call: RecordedCall) -> list[tuple[str, str]]:
+    """What IAM authorizes for ``call``: (action, resource ARN) pairs; a call the check cannot name fails."""
+    action = IAM_ACTIONS.get((call.service, call.operation), f"{call.service}:{call.operation}")
+    assert call.operation in reference()[call.service]["privileges"] or action != f"{call.service}:{call.operation}", (
+        f"{action} is not in AWS's Service Authorization Reference: add its action to IAM_ACTIONS")
+    params = call.params
+    if call.service == "s3":
+        on_object = call.operation in ("PutObject", "GetObject", "HeadObject")
+        return [(action, f"arn:aws:s3:::{call.bucket}" + (f"/{call.key}" if on_object else ""))]
+    if call.service == "cloudformation":
+        stack = params.get("StackName")
+        if stack is None:
+            return [(action, "*")]
+        arn = stack if stack.startswith("arn:") else stack_arn(stack)
+        return [(action, arn)] + ([("iam:PassRole", params["RoleARN"])] if params.get("RoleARN") else [])
+    if call.service == "ssm" and "Name" in params:
+        return [(action, f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/{params['Name'].lstrip('/')}")]
+    if call.service == "ecr" and "repositoryName" in params:
+        return [(action, f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/{params['repositoryName']}")]
+    service, name = action.split(":")
+    if not any(kind for kind in reference()[service]["privileges"][name]["resource_types"]):
+        return [(action, "*")]  # an action on no resource type (GetCallerIdentity, ListServiceQuotas)
+    raise AssertionError(f"the check cannot name the resource of {call}: add it to authorized_requests")
+
+
+def role_kinds() -> dict[str, str]:
+    """Bootstrap role name -> its kind."""
+    return {bootstrap_role(name, kind): kind for name in ENVS for kind in BOOTSTRAP_KINDS}
+
+
+def test_every_call_made_as_a_bootstrap_role_is_one_that_role_may_make(account: Account) -> None:
+    """Each request the CDK CLI or ``btk doctor --lookup-role`` signed with an environment's bootstrap role
+    during the documented run, as the emulator recorded it, evaluated against that role's policies and
+    boundary as IAM holds them. (The administrator's own calls, bootstrapping and deploying the CI access,
+    are not bounded.)"""
+    kinds = role_kinds()
+    context = {"aws:ResourceAccount": ACCOUNT, "iam:PassedToService": "cloudformation.amazonaws.com"}
+    checked, refused = 0, []
+    for call in account.calls:
+        caller = account.callers[call.access_key]
+        if ":assumed-role/" not in caller:
+            continue
+        role = caller.split(":assumed-role/", 1)[1].split("/")[0]
+        kind = kinds[role]
+        record = account.roles[role]
+        for action, resource in authorized_requests(call):
+            checked += 1
+            if principal_of(record).allows(action, resource, context) or (kind, action, resource) in TOLERATED:
+                continue
+            identity = Principal(principal_of(record).statements).allows(action, resource, context)
+            refused.append(f"{call} as {role}: {action} on {resource} is refused by its "
+                           f"{'boundary' if identity else 'policies (no statement allows it)'}")
+    assert checked >= 10 * len(ENVS), checked
+    assert refused == [], "\n".join(refused)
+
+
+def test_the_call_check_can_fail(account: Account) -> None:
+    """The same evaluation refuses a call the deploy role could not make: another environment's stack."""
+    if not PAIRS:
+        pytest.skip("no two environments share an account")
+    mine, theirs = PAIRS[0]
+    call = RecordedCall("-", "cloudformation", "CreateChangeSet", {"StackName": ENVS[theirs].stack_name})
+    ((action, resource),) = authorized_requests(call)
+    assert not principal_of(account.roles[bootstrap_role(mine, "deploy")]).allows(action, resource)
+
+
+def test_the_doctor_reads_the_real_bootstrap_through_its_lookup_role(account: Account) -> None:
+    """No traceback, the bootstrap found at the CLI's version, read as the environment's own lookup role."""
+    for name, env in ENVS.items():
+        output = account.outputs[f"doctor {name}"]
+        assert f"as arn:aws:sts::{ACCOUNT}:assumed-role/{bootstrap_role(name, 'lookup')}/" in output
+        assert f"PASS CDK bootstrap '{env.bootstrap_qualifier}'" in output
+        assert "Traceback" not in output
 
 
 def test_cdk_bootstraps_default_deploy_role_would_be_flagged() -> None:
