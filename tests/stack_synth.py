@@ -70,3 +70,14 @@ def synths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synth]:
 def synth(request: pytest.FixtureRequest, synths: dict[str, Synth]) -> Synth:
     """Each environment in turn."""
     return synths[request.param]
+
+
+def cli_app(**options: Any) -> Any:
+    """``aws_cdk.App`` as the CDK CLI builds it for this project: cdk.json's context (feature flags,
+    ``validateAgainstDefaultRules``) under any ``context`` given."""
+    from aws_cdk import App
+
+    from app import project_context
+
+    context = {**project_context(), **options.pop("context", {})}
+    return App(context=context, **options)

@@ -10,7 +10,8 @@ from typing import Any
 
 import fixture_catalog as fc
 import pytest
-from aws_cdk import App, Environment
+from aws_cdk import Environment
+from stack_synth import cli_app
 
 from app import project_context
 from btk.bootstrap import boundary_policy_name
@@ -37,7 +38,7 @@ ENVIRONMENTS = tuple(fc.ENVIRONMENTS.values())
 
 def synth(props: CiAccessProps) -> dict[str, Any]:
     """Synthesize CiAccessStack with cdk-nag's AwsSolutions pack (an unacknowledged finding raises)."""
-    app = App(context={"aws:cdk:version-reporting": False})
+    app = cli_app(context={"aws:cdk:version-reporting": False})
     CiAccessStack(app, "CiAccessStack", props=props, env=Environment(account=ACCOUNT, region="us-east-1"))
     apply_nag(app)
     template: dict[str, Any] = app.synth().get_stack_by_name("CiAccessStack").template
@@ -227,7 +228,7 @@ def test_environments_sharing_region_and_qualifier_are_refused() -> None:
 def test_ci_access_stack_deploys_with_the_callers_credentials_through_no_bootstrap() -> None:
     """An environment's bootstrap roles may reach only that environment's stack: the CLI must deploy this
     stack as the person running it, assuming no role and reading no bootstrap version."""
-    app = App(context=project_context())
+    app = cli_app(context=project_context())
     stack = CiAccessStack(app, "CiAccessStack", props=CiAccessProps(environments=ENVIRONMENTS),
                           env=Environment(account=ACCOUNT, region="us-east-1"))
     artifact = app.synth().get_stack_by_name(stack.stack_name)
@@ -253,8 +254,8 @@ def test_context_turns_the_stack_on_and_selects_environments() -> None:
 
 
 def test_the_app_only_gets_the_stack_when_asked() -> None:
-    assert add_ci_access_stack(App(), ENVIRONMENTS) is None
-    app = App(context={"ci_access": "true", "github_repo": REPO, "account": ACCOUNT})
+    assert add_ci_access_stack(cli_app(), ENVIRONMENTS) is None
+    app = cli_app(context={"ci_access": "true", "github_repo": REPO, "account": ACCOUNT})
     stack = add_ci_access_stack(app, ENVIRONMENTS)
     assert stack is not None and stack.account == ACCOUNT
     assert sorted(stack.deploy_roles) == sorted(env.name for env in ENVIRONMENTS)

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
-from stack_synth import REPO
+from stack_synth import REPO, cli_app
 
 import environments
 from app import load_environment, validate_environment
@@ -152,11 +152,11 @@ def test_every_accepted_log_retention_has_a_cdk_member() -> None:
 
 def test_each_retention_member_synthesizes_its_days() -> None:
     """The map pairs each number with the CDK member that CloudFormation receives as that number."""
-    from aws_cdk import App, CfnElement, Stack
+    from aws_cdk import CfnElement, Stack
     from aws_cdk import aws_logs as logs
     from aws_cdk.assertions import Template
 
-    stack = Stack(App(), "Retention")
+    stack = Stack(cli_app(), "Retention")
     groups = {days: logs.LogGroup(stack, f"Group{days}", retention=member) for days, member in RETENTION_DAYS.items()}
     template = Template.from_stack(stack).to_json()["Resources"]
     for days, group in groups.items():

@@ -12,11 +12,11 @@ from typing import Any
 
 import cfn_fakes
 import pytest
-from aws_cdk import App, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
 from pydantic import ValidationError
-from stack_synth import REPO, Synth
+from stack_synth import REPO, Synth, cli_app
 
 import environments
 from btk.environment import DataStageConfig, EnvironmentConfig, JobRetryConfig, longest_execution_hours
@@ -225,7 +225,7 @@ def test_data_stage_revalidates_fsx_size() -> None:
 
     from training_constructs.data_stage import DataStage, DataStageProps
 
-    stack = Stack(App(), "Probe")
+    stack = Stack(cli_app(), "Probe")
     vpc = ec2.Vpc(stack, "Vpc", max_azs=1)
     group = ec2.SecurityGroup(stack, "Group", vpc=vpc)
     bad = DataStageConfig.model_construct(mode="fsx", fsx_storage_capacity_gib=1300, fsx_throughput_per_tib=250,
@@ -389,7 +389,7 @@ def test_outputs(synth: Synth) -> None:
 def test_notification_emails_are_subscribed_to_the_failure_topic() -> None:
     env = ENVS[next(iter(ENVS))]
     config = env.model_copy(update={"notification_emails": ("ml-oncall@example.com", "lead@example.com")})
-    app = App()
+    app = cli_app()
     stack = TrainingStack(app, "TrainingStack", env_config=config)
     template = Template.from_stack(stack).to_json()
     topics = [lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
@@ -432,7 +432,7 @@ def test_no_unacknowledged_nag_findings(synth: Synth) -> None:
 
 def test_nag_fails_synth_on_a_finding() -> None:
     """The control: the same wiring rejects an unencrypted, non-SSL bucket."""
-    app = App(outdir=tempfile.mkdtemp())
+    app = cli_app(outdir=tempfile.mkdtemp())
     s3.Bucket(Stack(app, "Bad"), "Bucket")
     apply_nag(app)
     with pytest.raises(RuntimeError, match="AwsSolutions-S10"):
@@ -443,7 +443,7 @@ def test_acknowledgement_needs_a_reason() -> None:
     from training_constructs.nag import acknowledge
 
     with pytest.raises(ValueError, match="concrete reason"):
-        acknowledge(Stack(App(), "S"), "AwsSolutions-IAM5[Resource::*]", "needed")
+        acknowledge(Stack(cli_app(), "S"), "AwsSolutions-IAM5[Resource::*]", "needed")
 
 
 # -- determinism ----------------------------------------------------------------------------

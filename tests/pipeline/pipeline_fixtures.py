@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import cfn_fakes
+from stack_synth import cli_app
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("AWS_REGION", "us-east-1")
@@ -135,7 +136,7 @@ class PipelineTestStack(Stack):
 
 def synth(env_config: EnvironmentConfig, **kwargs: Any) -> dict[str, Any]:
     """Synthesize the test stack with cdk-nag (unacknowledged findings fail) and return the template."""
-    app = App()
+    app = cli_app()
     apply_nag(app)
     stack = PipelineTestStack(app, env_config, **kwargs)
     app.synth()

@@ -22,7 +22,7 @@ import pipeline_fixtures as fx
 import pytest
 from botocore.validate import validate_parameters
 from cfn_fakes import ACCOUNT, resolve
-from stack_synth import ENV_NAMES, Synth
+from stack_synth import ENV_NAMES, Synth, cli_app
 
 from btk.catalog import get_environment
 from btk.environment import EnvironmentConfig
@@ -102,7 +102,6 @@ def test_validation_rejects_a_broken_real_argument(synths: dict[str, Synth]) -> 
 
 @pytest.fixture(scope="module")
 def existing_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[EnvironmentConfig, Any, dict[str, Any]]:
-    from aws_cdk import App
 
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag
@@ -110,7 +109,7 @@ def existing_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Environment
     env = EnvironmentConfig.model_validate(
         {**fc.STAGING.model_dump(), "capacity": {"mode": "existing", "plan_arn": PLAN_ARN}}
     )
-    app = App(outdir=str(tmp_path_factory.mktemp("cdk-existing")), analytics_reporting=False)
+    app = cli_app(outdir=str(tmp_path_factory.mktemp("cdk-existing")), analytics_reporting=False)
     with fc.installed():  # the stack looks its profiles up in btk.catalog
         stack = TrainingStack(app, "TrainingStack", env_config=env)
         apply_nag(app)  # an unacknowledged finding fails this synth too
