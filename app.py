@@ -161,9 +161,14 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     synthesizer = DefaultStackSynthesizer(qualifier=env_config.bootstrap_qualifier)
     app = App(outdir=outdir, analytics_reporting=False, default_stack_synthesizer=synthesizer, context=app_context)
 
+    from btk.environment import job_log_groups_owner
     from stacks.training_stack import TrainingStack
 
-    TrainingStack(app, "TrainingStack", env_config=env_config)
+    # SageMaker's job log groups are account-wide: one environment of the account and region owns them,
+    # judged on environments.py as written (as the boundaries are: -c overrides apply to every environment).
+    catalog = all_environments()
+    owner = job_log_groups_owner(list(catalog.values()), catalog[env_config.name])
+    TrainingStack(app, "TrainingStack", env_config=env_config, owns_job_log_groups=owner == env_config.name)
     # CiAccessStack (GitHub OIDC roles) is added only with `-c ci_access=true`: docs/ci.md.
     from stacks.ci_access_stack import add_ci_access_stack
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import unicodedata
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -518,6 +519,18 @@ def default_bootstrap_qualifier(name: str) -> str:
     """The bootstrap qualifier of environment ``name`` unless it sets one: ``btk`` + the name, 10 characters at most."""
     # only the characters a qualifier allows: an invalid name is reported once, by its own field
     return ("btk" + "".join(ch for ch in name if ch.isascii() and (ch.islower() or ch.isdigit())))[:10]
+
+
+def job_log_groups_owner(environments: Sequence[EnvironmentConfig], env: EnvironmentConfig) -> str:
+    """The environment that puts SageMaker's account-wide job log groups of ``env``'s account and region
+    under its retention and key: the last of ``environments`` there (the one deployed last in CI's order,
+    typically prod), or ``env`` itself when it is alone or not in ``environments``.
+
+    Those groups hold every job of the account and region; one environment owns their settings, and the
+    others' permissions boundaries refuse to change them.
+    """
+    sharing = [other.name for other in environments if (other.account, other.region) == (env.account, env.region)]
+    return sharing[-1] if env.name in sharing else env.name
 
 
 def spot_not_offered(config: EnvironmentConfig) -> str | None:

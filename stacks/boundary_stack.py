@@ -40,9 +40,10 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct, IConstruct
 
 from btk.bootstrap import boundary_policy_name, boundary_stack_name
-from btk.environment import EnvironmentConfig
+from btk.environment import EnvironmentConfig, job_log_groups_owner
 from btk.errors import BtkError
 from training_constructs.nag import acknowledge
+from training_constructs.sagemaker_service import SAGEMAKER_LOG_GROUPS
 
 #: The tag CloudFormation puts on every resource it creates that supports tags.
 #: https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-properties-resource-tags.html
@@ -81,6 +82,11 @@ def foreign_arns(partition: str, pattern: str) -> list[str]:
     return [f"arn:{partition}:{service}:{scope}*{text}*" for scope in ARN_SCOPES.get(service, ("*:*:",))]
 
 
+#: What sets SageMaker's account-wide job log groups (training_constructs/job_logs.py), or removes them.
+JOB_LOG_SETTINGS = ("logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy", "logs:AssociateKmsKey",
+                    "logs:DisassociateKmsKey", "logs:DeleteLogGroup")
+
+
 #: What IAM allows a managed policy, whitespace excluded.
 #: https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html
 MANAGED_POLICY_MAX_CHARS = 6144
@@ -93,10 +99,14 @@ class EnvironmentBoundaryProps:
     :param environment: the environment this bootstrap serves (its qualifier, region, stack name).
     :param neighbours: the other environments of the same account, whose resources the
         boundary also refuses by name. Default: none.
+    :param owns_job_log_groups: whether the environment sets the retention and key of SageMaker's
+        account-wide job log groups (:func:`btk.environment.job_log_groups_owner`); if not, the boundary
+        refuses changing them. Default: ``True``.
     """
 
     environment: EnvironmentConfig
     neighbours: Sequence[EnvironmentConfig] = ()
+    owns_job_log_groups: bool = True
 
     def __post_init__(self) -> None:
         for other in self.neighbours:
@@ -183,6 +193,13 @@ class EnvironmentBoundaryStack(Stack):
             statements.insert(2, iam.PolicyStatement(
                 sid="DenyNamedResourcesOfOtherEnvironments", effect=iam.Effect.DENY, actions=["*"], resources=foreign
             ))
+        if not self.props.owns_job_log_groups:
+            groups = [f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:{name}"
+                      for name in SAGEMAKER_LOG_GROUPS]
+            statements.append(iam.PolicyStatement(
+                sid="LeaveTheJobLogGroupsToTheirOwner", effect=iam.Effect.DENY, actions=list(JOB_LOG_SETTINGS),
+                resources=groups,
+            ))
         size = policy_size(statements)
         if size > MANAGED_POLICY_MAX_CHARS:
             raise BtkError(
@@ -242,7 +259,9 @@ def add_boundary_stack(
     chosen = by_name[str(name)]
     account = str(context.get("account") or chosen.account)
     neighbours = [env for env in environments if env.name != chosen.name and env.account == chosen.account]
-    props = EnvironmentBoundaryProps(environment=chosen, neighbours=neighbours)
+    owner = job_log_groups_owner(environments, chosen)
+    props = EnvironmentBoundaryProps(environment=chosen, neighbours=neighbours,
+                                     owns_job_log_groups=owner == chosen.name)
     return EnvironmentBoundaryStack(
         app, boundary_stack_name(chosen), props=props, env=Environment(account=account, region=chosen.region)
     )

@@ -35,7 +35,10 @@ def planned_profiles(env_config: EnvironmentConfig) -> tuple[PlannedProfile, ...
 class TrainingStack(Stack):
     """One environment's training infrastructure; stack name ``env_config.stack_name``."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, env_config: EnvironmentConfig) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, env_config: EnvironmentConfig,
+                 owns_job_log_groups: bool = True) -> None:
+        """``owns_job_log_groups``: put SageMaker's account-wide job log groups under this environment's
+        retention and key (:func:`btk.environment.job_log_groups_owner`); default ``True``."""
         super().__init__(
             scope,
             construct_id,
@@ -45,6 +48,7 @@ class TrainingStack(Stack):
             analytics_reporting=False,
         )
         self.env_config = env_config
+        self.owns_job_log_groups = owns_job_log_groups
         for key, value in sorted(env_config.tags.items()):
             Tags.of(self).add(key, value)
         # Every role of the environment carries its bootstrap's permissions boundary
@@ -143,6 +147,7 @@ class TrainingStack(Stack):
                 job_name_prefixes={name: p.job_name_prefix for name, p in self.pipelines.pipelines.items()},
                 key=self.key,
                 notification_emails=env_config.notification_emails,
+                manage_sagemaker_log_groups=self.owns_job_log_groups,
             ),
         )
 

@@ -59,6 +59,7 @@ def synthesize_boundary(env: EnvironmentConfig, environments: Sequence[Environme
     from aws_cdk import App
 
     from app import project_context
+    from btk.environment import job_log_groups_owner
     from stacks.boundary_stack import EnvironmentBoundaryProps, EnvironmentBoundaryStack
     from training_constructs.nag import apply_nag
 
@@ -66,9 +67,9 @@ def synthesize_boundary(env: EnvironmentConfig, environments: Sequence[Environme
     app = App(outdir=str(out), context=project_context())
     apply_nag(app)
     neighbours = [other for other in environments if other.name != env.name and other.account == env.account]
-    stack = EnvironmentBoundaryStack(
-        app, f"BtkBoundary-{env.name}", props=EnvironmentBoundaryProps(environment=env, neighbours=neighbours)
-    )
+    owns = job_log_groups_owner(environments, env) == env.name
+    stack = EnvironmentBoundaryStack(app, f"BtkBoundary-{env.name}", props=EnvironmentBoundaryProps(
+        environment=env, neighbours=neighbours, owns_job_log_groups=owns))
     app.synth()
     template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
     return template

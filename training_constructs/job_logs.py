@@ -12,9 +12,11 @@ calls at deploy time:
 - Delete: ``DisassociateKmsKey``, so that the groups stay writable once the environment's key is
   gone; the groups and their logs stay, under their retention.
 
-In an account shared by several environments the groups are shared too: the environment
-deployed last sets their retention and key. One account per environment (docs/ci.md) keeps
-each environment's job logs under its own settings.
+In an account shared by several environments the groups are shared too: one environment of the
+account and region owns them (:func:`btk.environment.job_log_groups_owner`: the last in
+``environments.py``, the one CI deploys last), and the others' permissions boundaries refuse to
+change their settings. One account per environment (docs/ci.md) keeps each environment's job logs
+under its own settings.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SageMaker's job log groups get the environment's retention and key, and keep working after teardown."""
+"""SageMaker's account-wide job log groups get their owner's retention and key, and keep working after teardown;
+every other environment of the account and region leaves them alone, and its boundary refuses to change them."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ import json
 from typing import Any
 
 import cfn_fakes
+import pytest
+from iam_evaluation import Principal
+from permission_reference import boundary_statements
+from reserve_variant import synthesize_boundary
 from stack_synth import Synth
 
+import environments
+from btk.environment import job_log_groups_owner
+from stacks.boundary_stack import JOB_LOG_SETTINGS
 from training_constructs.sagemaker_service import SAGEMAKER_LOG_GROUPS
 
 
@@ -31,8 +39,42 @@ def calls_by_group(synth: Synth) -> dict[str, dict[str, dict[str, Any]]]:
     return found
 
 
-def test_every_job_log_group_gets_the_environments_retention_and_key(synth: Synth) -> None:
+def owner_of(env_name: str) -> str:
+    catalog = list(environments.ENVIRONMENTS)
+    return job_log_groups_owner(catalog, next(env for env in catalog if env.name == env_name))
+
+
+def test_one_environment_of_each_account_and_region_owns_the_job_log_groups() -> None:
+    catalog = list(environments.ENVIRONMENTS)
+    for env in catalog:
+        sharing = [other for other in catalog if (other.account, other.region) == (env.account, env.region)]
+        assert {owner_of(other.name) for other in sharing} == {sharing[-1].name}
+
+
+def test_only_the_owner_adopts_the_job_log_groups(synth: Synth) -> None:
+    owns = owner_of(synth.env_name) == synth.env_name
+    assert synth.stack.owns_job_log_groups == owns
+    assert bool(calls_by_group(synth)) == owns
+
+
+@pytest.mark.parametrize("env", environments.ENVIRONMENTS, ids=lambda env: env.name)
+def test_a_non_owners_boundary_refuses_to_change_the_job_log_groups(env: Any) -> None:
+    if owner_of(env.name) == env.name:
+        pytest.skip(f"{env.name} owns its account's job log groups")
+    boundary = boundary_statements(synthesize_boundary(env, environments.ENVIRONMENTS))
+    anything = Principal([{"Effect": "Allow", "Action": "*", "Resource": "*"}], boundary)
+    for name in SAGEMAKER_LOG_GROUPS:
+        group = f"arn:aws:logs:{env.region}:{env.account}:log-group:{name}"
+        for action in JOB_LOG_SETTINGS:
+            assert not anything.allows(action, group), action
+        # SageMaker's jobs still write there under the execution role.
+        assert anything.allows("logs:PutLogEvents", f"{group}:log-stream:job/algo-1")
+
+
+def test_every_job_log_group_gets_the_owners_retention_and_key(synth: Synth) -> None:
     env = synth.stack.env_config
+    if owner_of(env.name) != env.name:
+        pytest.skip(f"{env.name} leaves the job log groups to {owner_of(env.name)}")
     key_arn = json.dumps(synth.stack.resolve(synth.stack.key.key_arn)).replace('"', "'")
     by_group = calls_by_group(synth)
     assert set(by_group) == set(SAGEMAKER_LOG_GROUPS)
