@@ -10,7 +10,8 @@ Per ``EnvironmentConfig.capacity``:
   ``purchase_approved``; ``plan_arn`` is the custom resource's ``PlanArn`` attribute. It is
   asynchronous: the purchase returns at once and an ``isComplete`` check polls the plan until
   its payment clears (Pending → Scheduled/Active), for up to an hour, the longest
-  CloudFormation waits for a custom resource.
+  CloudFormation waits for a custom resource; a plan still Pending then completes the resource
+  as Pending rather than rolling the stack back.
 
 The handlers (``lambda/training_plan/index.py``) run under the CDK ``Provider`` framework. Their
 asset is bundled locally (no Docker) with a copy of the ``btk/capacity`` package, the one source of the
@@ -87,9 +88,9 @@ PLAN_ACTIONS = (*PLAN_LOOKUP_ACTIONS, *OWN_PLAN_ACTIONS, RESERVED_CAPACITY_ACTIO
 TOTAL_TIMEOUT = Duration.hours(1)
 #: How often ``isComplete`` describes a bought plan.
 QUERY_INTERVAL = Duration.minutes(1)
-#: How long a bought plan may stay Pending before the deploy fails with "deploy again", unless the
-#: props say otherwise: the total timeout less room for the last checks, so the user reads that
-#: line and not the framework's bare "timed out".
+#: How long the deploy waits for a bought plan to leave Pending, unless the props say otherwise: the
+#: total timeout less room for the last checks. Past it the resource completes with the plan Pending
+#: (the framework's bare "timed out" would fail it, and roll back a first create).
 DEFAULT_WAIT_TIMEOUT = Duration.minutes(55)
 
 

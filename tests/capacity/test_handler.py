@@ -202,10 +202,11 @@ def test_empty_offering_list_fails_with_the_window(stubbed_sagemaker: StubbedSag
     stubbed_sagemaker.done()
 
 
-def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
+def test_a_plan_still_pending_past_the_wait_completes_the_create_and_is_not_bought_again(
     stubbed_sagemaker: StubbedSageMaker,
 ) -> None:
-    # First deploy: buys, then the plan stays Pending past WaitSeconds -> the deploy fails.
+    # First deploy: buys, then the plan stays Pending past WaitSeconds -> the resource completes as
+    # Pending (failing would roll back a first create, file system and network included).
     expect_not_bought_yet(stubbed_sagemaker)
     stubbed_sagemaker.stubber.add_response(
         "search_training_plan_offerings", {"TrainingPlanOfferings": [offering("tpo-1")]}, SEARCH
@@ -216,15 +217,17 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
         {"TrainingPlanName": NAME, "TrainingPlanOfferingId": "tpo-1"},
     )
     short_wait = {**RESERVE, "WaitSeconds": "30"}
-    for _ in range(2):  # isComplete at t=0 and t=60 (past the 30 s) -> the deploy fails
+    for _ in range(2):  # isComplete at t=0 and t=60 (past the 30 s) -> complete, Pending
         stubbed_sagemaker.stubber.add_response(
             "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
         )
 
-    with pytest.raises(capacity.PlanNotReadyError, match="found by name and not bought twice"):
-        run(stubbed_sagemaker, event("Create", short_wait))
+    first = run(stubbed_sagemaker, event("Create", short_wait))
+    assert (first["PhysicalResourceId"], first["Data"]["Status"], first["Data"]["Bought"]) == (
+        plan_arn(NAME), "Pending", "true")
 
-    # Second deploy (after the failed one rolled back): the name finds the plan; nothing is bought.
+    # A deploy of a new stack with the same reservation (the first one destroyed): the name finds the
+    # plan; nothing is bought again.
     stubbed_sagemaker.stubber.add_response(
         "describe_training_plan", described_plan(NAME, status="Pending"), {"TrainingPlanName": NAME}
     )
@@ -248,7 +251,7 @@ def test_retry_after_a_timeout_finds_the_bought_plan_and_does_not_buy_again(
     ]
     stubbed_sagemaker.done()
     assert result["PhysicalResourceId"] == plan_arn(NAME)
-    assert result["Data"]["Bought"] == "false"
+    assert (result["Data"]["Bought"], result["Data"]["Status"]) == ("false", "Scheduled")
 
 
 def test_a_lost_create_response_retried_into_resource_in_use_is_the_plan_bought_once(
@@ -500,7 +503,8 @@ def test_a_plan_whose_payment_fails_fails_the_deploy_while_waiting(stubbed_sagem
 def test_on_event_returns_without_waiting_and_is_complete_reports_pending_until_the_deadline(
     stubbed_sagemaker: StubbedSageMaker,
 ) -> None:
-    """onEvent never polls (the framework does); isComplete says not complete, then fails past WaitUntil."""
+    """onEvent never polls (the framework does); isComplete says not complete, then complete as Pending
+    past WaitUntil."""
     stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
     clock = FakeClock()
     clock.now = 1000.0
@@ -515,5 +519,5 @@ def test_on_event_returns_without_waiting_and_is_complete_reports_pending_until_
     assert handler.check_complete(check_event, stubbed_sagemaker.client, clock=clock.clock) == {"IsComplete": False}
     stubbed_sagemaker.stubber.add_response("describe_training_plan", described_plan(NAME, status="Pending"))
     clock.now = 1600.0
-    with pytest.raises(capacity.PlanNotReadyError, match="still Pending after 600s; deploy again"):
-        handler.check_complete(check_event, stubbed_sagemaker.client, clock=clock.clock)
+    assert handler.check_complete(check_event, stubbed_sagemaker.client, clock=clock.clock) == {
+        "IsComplete": True, "Data": {"Status": "Pending"}}

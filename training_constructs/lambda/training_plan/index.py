@@ -11,8 +11,9 @@ source; this module only maps CloudFormation lifecycle events onto it:
   with the offerings listed. ``onEvent`` returns as soon as the plan exists; ``isComplete``,
   called by the framework every query interval, answers complete once the plan is
   Scheduled/Active and fits the reservation, fails the deploy when it is Failed/Expired, and
-  fails it with "deploy again" once ``WaitSeconds`` have passed since the purchase (a plan
-  stays Pending until its payment clears; a second deploy finds it by name).
+  answers complete with ``Status`` Pending once ``WaitSeconds`` have passed since the purchase
+  (a plan stays Pending until its payment clears): the bought plan is kept and nothing else of
+  the stack rolls back; ``btk doctor`` reports when it is Scheduled.
 - Update: a no-op (same physical id and ARN, no API call) unless the reservation inputs
   changed, in which case it behaves like Create for the new inputs.
 - Delete: no API call. A plan has no delete API and expires on its own end date.
@@ -46,7 +47,7 @@ IDENTITY_PROPERTIES = (
     "DurationHours",
     "AvailabilityZone",
 )
-#: ``Data`` key of the instant (epoch seconds) after which a plan still Pending fails the deploy.
+#: ``Data`` key of the instant (epoch seconds) after which a plan still Pending completes the resource as Pending.
 WAIT_UNTIL = "WaitUntil"
 
 
@@ -148,7 +149,12 @@ def check_complete(event: dict[str, Any], client: Any, *, clock: Callable[[], fl
         _log({"PlanArn": plan.arn, "Status": plan.status})
         return {"IsComplete": True, "Data": {"Status": plan.status}}
     if clock() >= float(data[WAIT_UNTIL]):
-        raise capacity.not_ready_error(request.plan_name(), "Pending", _wait_seconds(properties))
+        # The plan is bought; only its payment is still clearing. Failing here would roll back the whole
+        # stack (on a first create, the file system and network too) for a plan that will be usable: the
+        # deploy completes, the status says Pending, and `btk doctor` says when it is Scheduled.
+        _log({"PlanName": request.plan_name(), "Status": "Pending", "Waited": _wait_seconds(properties),
+              "Note": "the stack completes with the plan Pending; jobs can use it once it is Scheduled"})
+        return {"IsComplete": True, "Data": {"Status": "Pending"}}
     _log({"PlanName": request.plan_name(), "Status": "Pending", WAIT_UNTIL: data[WAIT_UNTIL]})
     return {"IsComplete": False}
 
