@@ -354,6 +354,8 @@ def test_the_roles_may_do_what_the_cdk_cli_asks_of_them(account: Account) -> Non
             assert roles["image-publishing"].allows(action, repository, in_account), action
         assert roles["file-publishing"].allows("s3:PutObject", bucket_object, in_account)
         assert roles["ci deploy"].allows("sts:AssumeRole", arn_of("iam", "role", bootstrap_role(name, "deploy")))
+        # btk doctor --lookup-role lists the file systems (an action on no resource, so no tag to match).
+        assert roles["lookup"].allows("fsx:DescribeFileSystems", "*")
 
 
 def test_the_documented_commands_printed_what_they_ran(account: Account) -> None:
