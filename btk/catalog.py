@@ -251,13 +251,40 @@ def _display_name(user: UserModule) -> str:
 
 
 def _by_name(user: UserModule) -> dict[str, Any]:
-    """The module's definitions by name; a name defined twice is an error."""
+    """The module's definitions by name; a name defined twice is an error naming where each one is."""
     found: dict[str, Any] = {}
     for definition in _definitions(user):
         if definition.name in found:
-            raise UnknownNameError(f"{_display_name(user)}: {user.noun} name {definition.name!r} is defined twice")
+            first = found[definition.name]
+            places = " and ".join(dict.fromkeys(defined_in(user, item) for item in (first, definition)))
+            raise UnknownNameError(
+                f"{_display_name(user)}: {user.noun} name {definition.name!r} is defined twice ({places}): "
+                f"rename one of them"
+            )
         found[definition.name] = definition
     return found
+
+
+def defined_in(user: UserModule, definition: Any) -> str:
+    """The file of the user's code that holds ``definition`` in a collection (``profiles/llama.py``): the
+    loaded module of ``user``'s package whose collection holds that very object, else the package itself."""
+    base, _ = _module_location(user.module)
+    prefix = f"{user.module}."
+    for name, module in sorted(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        collection = getattr(module, user.collection, None)
+        if isinstance(collection, tuple | list) and any(item is definition for item in collection):
+            origin = getattr(module, "__file__", None)
+            if origin:
+                return _relative(Path(origin), base)
+    return _display_name(user)
+
+
+def profile_defined_in(name: str) -> str | None:
+    """Where profile ``name`` is defined (``profiles/llama.py``), or ``None`` when no profile has that name."""
+    profile = all_profiles().get(name)
+    return None if profile is None else defined_in(PROFILES, profile)
 
 
 @lru_cache(maxsize=1)

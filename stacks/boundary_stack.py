@@ -17,7 +17,8 @@ The policy allows what the roles' own policies allow, except:
   stacks), in every service whose ARNs carry a resource's name;
 * CloudFormation on any stack but the environment's own (so the CDK template's deploy role, allowed
   every stack, reaches only ``TrainingStack-<env>``);
-* creating a role or user without this boundary, removing a boundary, changing this policy.
+* creating a role or user without this boundary, removing a boundary, changing this policy;
+* unless the environment owns them, changing SageMaker's account-wide job log groups.
 
 Deployed once per environment and account, before ``cdk bootstrap``, with the caller's own
 credentials (``LegacyStackSynthesizer``: a small template without assets is deployed inline, no
@@ -96,7 +97,7 @@ MANAGED_POLICY_MAX_CHARS = 6144
 class EnvironmentBoundaryProps:
     """Props of :class:`EnvironmentBoundaryStack`.
 
-    :param environment: the environment this bootstrap serves (its qualifier, region, stack name).
+    :param environment: the environment this boundary serves (its qualifier, region, stack name).
     :param neighbours: the other environments of the same account, whose resources the
         boundary also refuses by name. Default: none.
     :param owns_job_log_groups: whether the environment sets the retention and key of SageMaker's

@@ -4,7 +4,7 @@ Reads a local file (nothing is downloaded) with :mod:`btk.hf_import` and prints 
 a Python module to save in ``profiles/`` (``--format python``, the default) or as JSON with its
 ``parameter_count`` (``--format json``, the shape ``btk profiles --format json`` lists);
 ``--output FILE`` writes it to a new file instead. A config the trainer cannot train is one
-line naming the field, exit 2.
+line naming the field, exit 2; so is a ``--name`` a profile of ``profiles/`` already has.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     path = config_path(args.config)
     where = printable(str(path))
+    _check_name_is_free(args.name)
     target: Path | None = args.output
     if target is not None:
         _check_target(target)
@@ -80,6 +81,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         file.write(text)
     print(f"wrote {printable(str(target))}: profile {profile.name} ({profile.parameter_count:,} parameters)")
     return 0
+
+
+def _check_name_is_free(name: str) -> None:
+    """A profile name is one profile: the catalog refuses a second, so the import refuses to write it."""
+    from btk.catalog import profile_defined_in
+
+    taken = profile_defined_in(name)
+    if taken is not None:
+        raise BtkError(f"--name {printable(name)}: profile {printable(name)!r} is already defined in {taken}; "
+                       "give the import another name")
 
 
 def _check_target(target: Path) -> None:

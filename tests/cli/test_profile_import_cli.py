@@ -70,3 +70,25 @@ def test_unsupported_configs_are_one_line_naming_the_field(
     assert code == 2 and out == ""
     assert err == f"btk: error: {CONFIGS / config}: {field}: {err.split(f'{field}: ', 1)[1]}"
     assert "not supported" in err and err.count("\n") == 1
+
+
+def test_a_name_profiles_already_has_is_refused_naming_its_module(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The catalog refuses a name defined twice: the import refuses to write one, and says where it is."""
+    from btk.catalog import all_profiles
+
+    name = next(iter(all_profiles()))
+    repo = Path(__file__).resolve().parents[2]
+    # Where it is, found independently: the family module whose source spells the name.
+    modules = [path for path in sorted((repo / "profiles").glob("*.py"))
+               if path.name != "__init__.py" and f'"{name}"' in path.read_text()]
+    target = tmp_path / "new_family.py"
+    code, out, err = run(capsys, "profile", "import", str(CONFIGS / "qwen3-8b.json"), "--name", name,
+                         "--output", str(target))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"btk: error: --name {name}: profile {name!r} is already defined in profiles/")
+    assert err.endswith("; give the import another name\n") and err.count("\n") == 1
+    if len(modules) == 1:
+        assert f"defined in profiles/{modules[0].name};" in err
+    assert not target.exists()

@@ -172,7 +172,22 @@ def test_a_model_level_rule_of_an_environment_names_its_field(user_root: Path) -
 
 def test_two_environments_with_one_name_are_refused(user_root: Path) -> None:
     _environments(user_root, _environment("dev"), _environment("dev"))
-    assert _error(catalog.all_environments) == "environments.py: environment name 'dev' is defined twice"
+    assert _error(catalog.all_environments) == (
+        "environments.py: environment name 'dev' is defined twice (environments.py): rename one of them")
+
+
+def test_one_profile_name_in_two_family_modules_names_both(user_root: Path) -> None:
+    _write(
+        user_root / "profiles" / "__init__.py",
+        "from profiles import llama, qwen\nFAMILY_MODULES = (llama, qwen)\n"
+        "PROFILES = tuple(profile for module in FAMILY_MODULES for profile in module.PROFILES)\n",
+    )
+    for module in ("llama", "qwen"):
+        _write(user_root / "profiles" / f"{module}.py", PROFILE_IMPORTS + "PROFILES = (" + PROFILE.format(
+            name="'tiny-1b'", heads=32, seq_len=2048) + ",)\n")
+    assert _error(catalog.all_profiles) == (
+        "profiles/: profile name 'tiny-1b' is defined twice (profiles/llama.py and profiles/qwen.py): "
+        "rename one of them")
 
 
 def test_a_default_environment_that_does_not_exist_is_named(user_root: Path) -> None:
