@@ -74,11 +74,15 @@ done
 
 echo
 echo "make test: ${#order[@]} stages"
+width=11  # the stage column: as wide as the longest name
+for stage in "${order[@]}"; do
+  ((${#stage} > width)) && width=${#stage}
+done
 for stage in "${order[@]}"; do
   if [[ "${outcome[$stage]}" == skipped ]]; then
-    printf '  %-8s %-11s (%s did not pass)\n' skipped "$stage" "${seconds[$stage]}"
+    printf '  %-8s %-*s (%s did not pass)\n' skipped "$width" "$stage" "${seconds[$stage]}"
   else
-    printf '  %-8s %-11s %4d s\n' "${outcome[$stage]}" "$stage" "${seconds[$stage]}"
+    printf '  %-8s %-*s %4d s\n' "${outcome[$stage]}" "$width" "$stage" "${seconds[$stage]}"
   fi
 done
 if ((failed)); then
