@@ -31,7 +31,8 @@ ROLLED_BACK = ("UPDATE_ROLLBACK_COMPLETE", "IMPORT_ROLLBACK_COMPLETE")
 #: SNS writes these in ``SubscriptionArn`` until an address confirms, or after it was removed.
 UNCONFIRMED = ("PendingConfirmation", "Deleted")
 ECR_IMAGE = re.compile(
-    r"(?P<registry>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repository>[^:@]+):(?P<tag>.+)"
+    r"(?P<registry>[0-9]{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repository>[^:@]+)"
+    r"(?::(?P<tag>[^@]+)|@(?P<digest>sha256:[0-9a-f]{64}))"
 )
 BYTES_PER_GB = 1e9
 
@@ -186,7 +187,7 @@ def image_finding(env: EnvironmentConfig, account: str, stack: DeployedStack, ca
             "describe_images",
             registryId=image["registry"],
             repositoryName=image["repository"],
-            imageIds=[{"imageTag": image["tag"]}],
+            imageIds=[{"imageTag": image["tag"]} if image["tag"] else {"imageDigest": image["digest"]}],
         ).get("imageDetails", [])
     except ServiceError as error:
         if error.code == "ImageNotFoundException":
@@ -202,9 +203,8 @@ def image_finding(env: EnvironmentConfig, account: str, stack: DeployedStack, ca
         raise
     detail = details[0] if details else {}
     size = float(detail.get("imageSizeInBytes", 0)) / BYTES_PER_GB
-    found = (
-        f"{image['repository']}:{image['tag'][:12]} present, pushed {detail.get('imagePushedAt', '?')}, {size:.1f} GB"
-    )
+    reference = f":{image['tag'][:12]}" if image["tag"] else f"@{image['digest'][:19]}"
+    found = f"{image['repository']}{reference} present, pushed {detail.get('imagePushedAt', '?')}, {size:.1f} GB"
     return Finding(check, PASS, found, "", {"image_uri": uri})
 
 

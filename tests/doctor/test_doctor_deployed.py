@@ -271,6 +271,20 @@ def test_an_image_gone_from_ecr_fails(capsys: pytest.CaptureFixture[str]) -> Non
     }
 
 
+def test_an_image_built_elsewhere_is_looked_up_by_its_digest(capsys: pytest.CaptureFixture[str]) -> None:
+    """An ``image_uri`` by digest (an image pipeline's own): ECR is asked for that digest."""
+    env = get_environment(ENV)
+    digest = "sha256:" + "ab" * 32
+    uri = f"{ACCOUNT}.dkr.ecr.{env.region}.amazonaws.com/ml/trainer@{digest}"
+    aws = account()
+    aws.answers[("cloudformation", "DescribeStacks")] = stack(env, ImageUri=uri)
+    aws.answers[("ecr", "DescribeImages")] = {"imageDetails": [{"imageSizeInBytes": 9_000_000_000}]}
+    _, checks = found(aws, capsys)
+    assert checks["training image"].startswith(f"PASS training image: ml/trainer@{digest[:19]} present")
+    (asked,) = [params for service, _, params in aws.calls if service == "ecr"]
+    assert asked == {"registryId": ACCOUNT, "repositoryName": "ml/trainer", "imageIds": [{"imageDigest": digest}]}
+
+
 def test_an_image_repository_gone_fails(capsys: pytest.CaptureFixture[str]) -> None:
     aws = account()
     aws.answers[("ecr", "DescribeImages")] = Error("RepositoryNotFoundException", "does not exist")
