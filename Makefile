@@ -26,26 +26,30 @@ SETUP_TARGETS := $(VENV)/.installed node_modules/.installed
 setup:
 	$(MAKE) --no-print-directory -j3 $(SETUP_TARGETS) $(if $(STAGED),$(CHECKOV_VENV)/.installed)
 
-# setuptools prints a boxed notice on every editable install ("Please be careful with folders in your
-# working directory with the same name as your package"): the repository root is the package root by
-# design, so no user can act on it. Only that notice is dropped; every other warning still prints.
-EDITABLE_INSTALL := PYTHONWARNINGS="ignore:Editable installation." $(PY) -m pip install --quiet -e
+# Python packages install with uv (uv==0.13.9, PyPI): it resolves, downloads, unpacks and byte-compiles on every
+# core, where pip does one package at a time (`make setup STAGED=1` on a clean clone, 2 cores: 3 min 38 s with
+# pip, 1 min 45 s with uv; the same packages at the same versions).
+# pip installs only what uv cannot take: uv itself and torch, whose CPU wheel lies on the machine's own disk
+# (pip's find-links); uv reads PyPI alone, where torch==2.13.0 for Linux is the multi-GB CUDA build. With torch
+# 2.13.0 installed, uv keeps it. uv prints a build backend's output only when the build fails, so setuptools'
+# boxed notice on every editable install (the repository root is the package root by design) never shows.
+UV_VERSION := 0.13.9
+UV_INSTALL := $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
 
 # synth needs only the CDK app's dependencies: not torch, the trainer's or the tests'.
 setup-infra: $(VENV)/.installed-infra node_modules/.installed
 
 $(VENV)/.installed-infra: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(EDITABLE_INSTALL) ".[infra]"
+	$(PY) -m pip install --quiet "uv==$(UV_VERSION)"
+	$(UV_INSTALL) -e ".[infra]"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned, so the local CPU wheel is used (an unpinned torch pulls CUDA).
-	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(EDITABLE_INSTALL) ".[infra,trainer,plot,dev]"
+	$(PY) -m pip install --quiet "uv==$(UV_VERSION)" "torch==2.13.0"
+	$(UV_INSTALL) -e ".[infra,trainer,plot,dev]"
 	touch $(VENV)/.installed-infra $@
 
 node_modules/.installed: package.json package-lock.json
@@ -55,7 +59,8 @@ node_modules/.installed: package.json package-lock.json
 $(CHECKOV_VENV)/.installed:
 	# checkov pins an old botocore: it gets its own virtualenv so it cannot downgrade ours.
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet "checkov==3.3.30"
+	$(CHECKOV_VENV)/bin/pip install --quiet "uv==$(UV_VERSION)"
+	$(CHECKOV_VENV)/bin/uv pip install --python $(CHECKOV_VENV)/bin/python --quiet --compile-bytecode "checkov==3.3.30"
 	touch $@
 
 ## synth: synthesize TrainingStack for ENV (default dev) offline and print the plan

@@ -18,10 +18,12 @@ def _editable_install_line() -> str:
 
 
 def test_the_editable_install_prints_no_setuptools_notice(tmp_path: Path) -> None:
-    """The same line, pointed at a fresh interpreter (`pip --python`) and without dependencies."""
+    """The same line, pointed at a fresh interpreter (its ``--python``) and without dependencies."""
     target = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
-    line = _editable_install_line().replace(" -m pip install ", f" -m pip --python {target}/bin/python install ", 1)
+    line = _editable_install_line()
+    assert " --python .venv/bin/python " in line, line
+    line = line.replace(" --python .venv/bin/python ", f" --python {target}/bin/python ", 1)
     command = line.rsplit(" ", 1)[0] + " . --no-deps"  # the project itself, not its extras' dependencies
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
