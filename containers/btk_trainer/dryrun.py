@@ -6,7 +6,7 @@
     python -m btk_trainer.dryrun --shipped --format markdown       # every environment's plans and one baseline
 
 For a profile on an instance type and node count, with the planner's knobs (``--set`` overrides
-them), the trainer's own code builds the model and trains two optimizer steps as rank 0 of the
+them), the trainer's own code builds the model and trains one optimizer step as rank 0 of the
 job's real world size: :func:`btk_trainer.train.build_model` (the :class:`~btk_trainer.model.Decoder`
 on the meta device, :func:`~btk_trainer.parallelize.parallelize` with the plan's float8 or
 MXFP8 conversion, tensor-parallel plan, activation checkpointing and FSDP2 groups, then
@@ -17,10 +17,13 @@ after the job's hyperparameters went through the pipeline's string codec. Every 
 process group (``torch.testing._internal.distributed.fake_pg``) of the job's world size, so a
 32B model over 16 GPUs runs in one process on a laptop's CPU.
 
-Each step runs one micro-batch. The first creates the optimizer state; the second runs with
-it and, when the plan accumulates gradients, with the first step's gradients resident, as
-every micro-batch after the first of every step runs. The peak over both steps is therefore
-a step's steady-state peak, for two forward and backward passes.
+The measured step runs one micro-batch in the steady state: with the optimizer's state and, when
+the plan accumulates gradients, with gradients resident, as every micro-batch after the first of
+every step runs. The state it starts from is what a first step leaves, made without that step's
+forward and backward (which would double the run's time and leave nothing the measured step
+reads): every sharded parameter gets a gradient of its own shape, dtype and placement (what
+FSDP2's reduce-scatter assigns), then the optimizer update runs as the trainer's does, creating
+the AdamW moments and, under float8 all-gather, the precomputed scales.
 ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` counts every tensor's storage by
 category (:class:`PeakTracker` corrects three of its behaviours); the figures sit beside the
 planner's (:func:`btk.planner.memory.estimate_memory`) for the knobs the dry run executed.
@@ -413,7 +416,8 @@ def fake_tensors(fake: bool) -> Iterator[None]:
 
 
 def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
-    """Build the model as the trainer does and train two steps as rank 0, under the tracker; the peak by category.
+    """Build the model as the trainer does, prime the optimizer's state and train one steady-state step as rank 0
+    under the tracker; the step's peak by category.
 
     ``fake=False`` runs the same with real tensors on the CPU (the tracker's validation: small models only).
     """
@@ -436,16 +440,14 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
             optimizer = build_optimizer(model, spec.training, on_gpu=True)
             dp_rank, dp_size = data_parallel_rank(mesh)
             windows, sampler = build_data(config, spec, dp_rank, dp_size)
-            tracker = PeakTracker(model, optimizer)
+            prime_optimizer_state(model, optimizer, spec)
+            tracker = PeakTracker(model, optimizer)  # counts the primed gradients and moments from the start
             gc.collect()
             gc.disable()  # as the trainer trains: cyclic garbage waits for a collection between steps
             try:
                 with tracker:
-                    train_step(model, optimizer, windows, sampler, spec, shape, accumulating=False)
-                    tracker.reset_mod_stats()  # the tracker's per-module bookkeeping starts afresh with each forward
-                    # The second step's peak alone: a step with optimizer state, the steady state. (The first step's
-                    # peak is lower but for where a free lands that varies from run to run, see the tests.)
-                    tracker.reset_peak()
+                    # After the tracker's set-up, which cannot read a parameter carrying a precomputed scale.
+                    precompute_float8_scales(model, knobs.precision, shape)
                     train_step(model, optimizer, windows, sampler, spec, shape,
                                accumulating=knobs.gradient_accumulation_steps > 1)
             finally:
@@ -453,21 +455,56 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
             return tracker.measured()
 
 
+def prime_optimizer_state(model: Decoder, optimizer: torch.optim.Optimizer, spec: JobHyperparameters) -> None:
+    """The state a first step leaves, without its forward and backward: the gradients FSDP2's reduce-scatter
+    assigns (zeros: one buffer per parameter group, each parameter's shard padded as the collective pads it, a
+    view of it per parameter), then the trainer's optimizer update, which creates the AdamW moments."""
+    for _, _, group in _fsdp_states(model):
+        params = group.fsdp_params
+        padded = [param.padded_sharded_param_size.numel() for param in params]
+        buffer = torch.zeros(sum(padded), dtype=params[0].sharded_param.dtype)
+        offset = 0
+        for param, size in zip(params, padded, strict=True):
+            view = torch.as_strided(buffer, size=param.sharded_size, stride=param.contiguous_sharded_stride,
+                                    storage_offset=offset)
+            param.sharded_param.grad = param.to_sharded_dtensor(view)
+            offset += size
+    missing = [name for name, parameter in model.named_parameters() if parameter.grad is None]
+    if missing:
+        raise RuntimeError(f"parameters outside FSDP2's groups: {', '.join(missing[:3])}")
+    optimizer_update(model, optimizer, spec)
+
+
+def precompute_float8_scales(model: Decoder, precision: str, shape: Any) -> None:
+    """Under float8 all-gather, the scales the trainer precomputes after each optimizer step."""
+    if float8_all_gather_enabled(precision, shape):
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
+
+
 def train_step(model: Decoder, optimizer: torch.optim.Optimizer, windows: Any, sampler: Any,
                spec: JobHyperparameters, shape: Any, *, accumulating: bool) -> None:
     """One optimizer step of one micro-batch, as :meth:`btk_trainer.train.Trainer.train_step` takes its steps:
-    the trainer's micro-batch loop, clipping, the fused AdamW update with its ``found_inf`` flag, float8 scales
-    for FSDP's float8 all-gather.
+    the trainer's micro-batch loop, :func:`optimizer_update`, float8 scales for FSDP's float8 all-gather.
 
     ``accumulating``: the micro-batch runs as a later micro-batch of an accumulating step does, with an
-    earlier micro-batch's gradients resident (here the previous step's, not zeroed).
+    earlier micro-batch's gradients resident (here the primed ones, not zeroed).
     """
-    from btk_trainer.train import clip_grad_norm, forward_backward
+    from btk_trainer.train import forward_backward
 
     if not accumulating:
         optimizer.zero_grad(set_to_none=True)
     forward_backward(model, windows, sampler, torch.device("cpu"), 1, defer_all_reduce=shape.dp_replicate > 1,
                      context=lambda: train_context(shape))
+    optimizer_update(model, optimizer, spec)
+    precompute_float8_scales(model, spec.knobs.precision, shape)
+
+
+def optimizer_update(model: Decoder, optimizer: torch.optim.Optimizer, spec: JobHyperparameters) -> None:
+    """The trainer's update after a step's backward: clipping, the fused AdamW step with its ``found_inf`` flag."""
+    from btk_trainer.train import clip_grad_norm
+
     clip_grad_norm(list(model.parameters()), spec.training.max_grad_norm)
     fused: Any = optimizer
     fused.found_inf = torch.zeros(())
@@ -475,10 +512,6 @@ def train_step(model: Decoder, optimizer: torch.optim.Optimizer, windows: Any, s
         optimizer.step()
     finally:
         del fused.found_inf
-    if float8_all_gather_enabled(spec.knobs.precision, shape):
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-        precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 EMULATED_PRECISIONS = ("mxfp8",)

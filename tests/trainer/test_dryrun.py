@@ -227,8 +227,8 @@ def full_size() -> dict[str, dryrun.DryRunResult]:
 @pytest.mark.parametrize("label", [*SHIPPED, *FULL_SIZE])
 def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRunResult], label: str) -> None:
     """The real model at its real size over the job's real world size: every parameter is there (rank 0's fp32
-    shards times the ranks that hold different ones, less FSDP's padding), two steps train, and the plan's
-    projected peak fits."""
+    shards times the ranks that hold different ones, less FSDP's padding), a steady-state step trains, and the
+    plan's projected peak fits."""
     result = full_size[label]
     case = result.case
     assert result.error is None and result.measured is not None
