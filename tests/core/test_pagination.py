@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from example_budget import capped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +113,7 @@ PAGE = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=capped(500), deadline=None)
 @given(pages=st.lists(PAGE, min_size=1, max_size=8), limit=st.integers(min_value=1, max_value=6))
 def test_any_answer_ends_with_its_items_or_one_line(pages: list[Any], limit: int) -> None:
     """Generated answers (repeated, missing, null and non-text tokens; null and non-list items): never a hang,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from example_budget import capped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -67,7 +68,7 @@ def test_seq_len_above_max_context_is_rejected() -> None:
         )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(
     layers=st.integers(-2, 40),
     hidden=st.integers(-8, 4096),

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aws_answers import Generated, answers, output_shape
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +34,7 @@ OPERATIONS = (
 def test_an_answer_is_let_through_inside_its_shape_and_stopped_in_one_line_outside_it(operation: str) -> None:
     shape = output_shape(operation)
 
-    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=capped(60), deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(generated=answers(operation, corrupt=2))
     def one(generated: Generated) -> None:
         if not generated.outside:
@@ -68,7 +69,7 @@ def test_ranges_bits_and_what_the_model_does_not_name(value: dict[str, Any], pro
 
 
 @given(st.sampled_from(OPERATIONS))
-@settings(max_examples=8, database=None)
+@settings(max_examples=capped(8), database=None)
 def test_the_answer_itself_must_be_an_object(operation: str) -> None:
     assert shape_problem(None, output_shape(operation)) == "the answer is null"
     assert shape_problem([], output_shape(operation)) == "the answer is a list, not an object"

@@ -42,6 +42,7 @@ import pytest
 from aws_answers import CORRUPTIONS, Generated, answers, api_name, model, valid
 from botocore.exceptions import ClientError
 from cli_fixtures import ENVIRONMENTS, ON_DEMAND_ENV, PROFILE, RESERVE_ENV, RESERVE_START, btk, install
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,7 +310,7 @@ def first_served_corruption(account: Account) -> str:
 
 def run_many(test: Callable[..., None], examples: int) -> None:
     settings(
-        max_examples=examples,
+        max_examples=capped(examples),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],

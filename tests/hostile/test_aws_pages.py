@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from cli_fixtures import ON_DEMAND_ENV, assert_one_line_error, btk, install
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,7 +125,7 @@ def pages(operation: str) -> st.SearchStrategy[Any]:
 SCRIPTS = st.fixed_dictionaries({operation: pages(operation) for operation in RESULT_KEYS})
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=capped(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scripts=SCRIPTS)
 def test_report_on_any_listing_ends_with_a_report_or_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, scripts: dict[str, Any]

@@ -41,6 +41,7 @@ from cli_fixtures import (
     btk,
     install,
 )
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ from btk.profile import PROFILE_NAME
 def fuzz(examples: int) -> settings:
     """``examples`` generated cases, no deadline (the first plan warms caches), fixtures shared across them."""
     return settings(
-        max_examples=examples,
+        max_examples=capped(examples),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from btk_trainer.entrypoint import main as entrypoint_main
 from btk_trainer.launch import read_cluster
+from example_budget import capped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ def test_the_entrypoint_ends_the_job_with_it_in_the_failure_file(
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(hosts=HOSTS, current=st.integers(min_value=0, max_value=5))
 def test_every_node_of_a_readable_cluster_has_its_own_rank(
     hosts: list[str], current: int, tmp_path_factory: pytest.TempPathFactory

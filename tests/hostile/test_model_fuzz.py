@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
@@ -77,7 +78,7 @@ def _check(model: type[BaseModel], field: str, value: Any) -> None:
     assert again == parsed
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=capped(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(MODELS).flatmap(lambda m: st.tuples(st.just(m), st.sampled_from(sorted(m.model_fields)))),
     HOSTILE,
@@ -89,7 +90,7 @@ def test_one_hostile_field_is_accepted_consistently_or_refused_by_name(
     _check(model, field, value)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=capped(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(sorted(EnvironmentConfig.model_fields)),
     st.sampled_from(["data_stage", "capacity", "job_retries"]),

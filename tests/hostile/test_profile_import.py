@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from cli_fixtures import Outcome, assert_one_line_error, btk
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,7 +137,7 @@ configs = st.sampled_from(sorted(CONFIGS.glob("*.json"))).flatmap(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=capped(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(configs)
 def test_mutated_real_configs_import_or_refuse_in_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, case: tuple[dict[str, Any], dict[str, Any], list[str],

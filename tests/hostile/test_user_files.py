@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from example_budget import capped
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +69,7 @@ def user_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     catalog.all_environments.cache_clear()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=capped(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(source=SOURCES)
 def test_any_environments_file_loads_or_is_one_line_naming_it(user_root: Path, source: bytes) -> None:
     (user_root / "environments.py").write_bytes(source)
@@ -88,7 +89,7 @@ MANIFEST = ShardManifest(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=capped(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(content=st.one_of(st.binary(max_size=200), st.text(max_size=100).map(str.encode), st.none()))
 def test_any_checksum_file_is_the_manifest_or_one_line_naming_it(
     tmp_path_factory: pytest.TempPathFactory, content: bytes | None

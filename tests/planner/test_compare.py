@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from example_budget import capped
 from fixture_catalog import PROFILES
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,7 +175,7 @@ def test_a_wide_band_row_and_the_rows_its_band_covers_share_places() -> None:
     assert frozenset(("b200", "p4de")) in _named_pairs(text)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=capped(150), deadline=None)
 @given(st.lists(st.tuples(st.floats(50.0, 500.0), st.sampled_from([0.02, 0.05, 0.1, 0.3, 1.0])),
                 min_size=1, max_size=6))
 def test_the_rank_labels_and_the_indistinguishable_notes_agree(costs: list[tuple[float, float]]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from example_budget import capped
 from fixture_catalog import PROFILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,7 +119,7 @@ pins_strategy = st.builds(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=capped(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(["llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen2.5-14b"]),
     instance_name=st.sampled_from(sorted(INSTANCE_TYPES)),
@@ -139,7 +140,7 @@ def test_plans_respect_budget_and_pins(name: str, instance_name: str, nodes: int
         assert alternative.fits
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=capped(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(["llama3.2-1b", "llama3.1-8b", "qwen2.5-14b", "qwen2.5-32b"]),
     low=st.floats(40, 200),

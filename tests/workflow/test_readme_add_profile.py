@@ -129,11 +129,12 @@ def add_to_environment(project: Path) -> None:
     path.write_text(source[:profiles_line] + line + source[source.index("\n", profiles_line) :])
 
 
-def run(project: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """``argv`` in the copy, importing the copy's modules first (not the editable install's)."""
-    env = {**os.environ, **TOOL_ENVIRONMENT, "PYTHONPATH": str(project)}
+def run(project: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``argv`` in the copy, importing the copy's modules first (not the editable install's); ``env``: variables
+    set on top of this process's."""
+    variables = {**os.environ, **TOOL_ENVIRONMENT, **(env or {}), "PYTHONPATH": str(project)}
     return subprocess.run(
-        [sys.executable, *argv], cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, *argv], cwd=project, env=variables, capture_output=True, text=True, timeout=300, check=False
     )
 
 

@@ -3,7 +3,9 @@
 A copy of the project gets a different profile family (one Mistral-7B-shaped profile) in
 place of ``profiles/`` and two environments of other names in place of ``environments.py``;
 the non-slow tests then run there. A test that names a shipped profile or environment fails
-in the copy: such a test should derive its inputs from the config or use fixtures.
+in the copy: such a test should derive its inputs from the config or use fixtures. The property
+suites draw at most :data:`RERUN_EXAMPLES` examples each there (``example_budget``): whether a test
+depends on the shipped config shows in its first examples; the main run proves the properties.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from example_budget import CAP_ENV
 from test_readme_add_profile import copy_project, run
 
 pytestmark = pytest.mark.slow
@@ -102,6 +105,8 @@ DEPLOY_WORKFLOW_CHECKS = (
     "test_a_deploy_job_for_an_unknown_environment_is_reported",
     "test_rules_catch_a_broken_chain_permissions_concurrency_and_keys",
 )
+#: Each property suite's examples in the re-run.
+RERUN_EXAMPLES = 20
 # Left out, each with its reason.
 EXCLUDED = {
     "tests/cli/test_user_config_cli.py::test_readme_add_a_profile_example_plans": "the README's example extends the "
@@ -129,5 +134,6 @@ def test_the_non_slow_tests_hold_for_another_users_config(tmp_path: Path) -> Non
     assert plan.returncode == 0, plan.stderr
 
     deselected = [f"--deselect={test}" for test in EXCLUDED]
-    tests = run(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *deselected, *FOLDERS)
+    tests = run(project, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *deselected, *FOLDERS,
+                env={CAP_ENV: str(RERUN_EXAMPLES)})
     assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-2000:]
