@@ -23,10 +23,15 @@ from btk.knobs import (
     MAX_GRADIENT_ACCUMULATION_STEPS,
     MAX_MICRO_BATCH_SIZE,
     MAX_SEQ_LEN,
+    TENSOR_PARALLEL_DEGREES,
     ActivationCheckpointing,
     Precision,
     Sharding,
 )
+
+MIN_VOCAB_SIZE = max(TENSOR_PARALLEL_DEGREES)
+"""The loss-parallel head gives each tensor-parallel rank ``vocab // tp`` of the vocabulary: at the largest degree
+the planner may choose, every rank must hold at least one token's logits."""
 
 MAX_GLOBAL_BATCH_TOKENS = 1 << 30
 """About a billion tokens per optimizer step: 64x the largest published batch (Llama 3 405B, 16M)."""
@@ -131,7 +136,7 @@ class ModelArchitecture(BaseModel):
     num_attention_heads: int = Field(ge=1, le=1024)
     num_kv_heads: int = Field(ge=1, le=1024)
     ffn_hidden_size: int = Field(ge=8, le=262144)
-    vocab_size: int = Field(ge=2, le=1_048_576)
+    vocab_size: int = Field(ge=MIN_VOCAB_SIZE, le=1_048_576)
     tied_embeddings: bool = False
     max_context: int = Field(ge=16, le=1_048_576)
     attention_bias: bool = Field(default=False, description="biases on the q, k and v projections")

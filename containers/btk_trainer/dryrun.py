@@ -58,6 +58,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 from btk.catalog import all_environments, get_environment, get_profile
+from btk.cli.arguments import max_nodes
 from btk.cli.planning import parse_settings
 from btk.errors import BtkError, printable
 from btk.hardware import InstanceType, get_instance_type
@@ -744,7 +745,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--env", help="the environment whose instance type and node count to use (alone: all of "
                                       "its profiles)")
     parser.add_argument("--instance-type", help="instance type (instead of --env)")
-    parser.add_argument("--nodes", type=int, default=None, help="node count (default: the environment's, else 1)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help=f"node count, 1 to {max_nodes()} (default: the environment's, else 1)")
     parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                         help="a knob over the plan's, e.g. --set micro_batch_size=8 (repeatable)")
     parser.add_argument("--baseline", action="store_true", help="the planner's legacy baseline instead of its plan")
@@ -776,8 +778,8 @@ def cases_from_args(args: argparse.Namespace) -> list[DryRunCase]:
         raise BtkError("name a --profile, an --env, or --shipped")
     if args.env is not None and args.instance_type is not None:
         raise BtkError("give --env or --instance-type, not both")
-    if args.nodes is not None and args.nodes < 1:
-        raise BtkError(f"--nodes {args.nodes}: at least 1")
+    if args.nodes is not None and not 1 <= args.nodes <= max_nodes():  # btk plan's bound: a job's instance count
+        raise BtkError(f"--nodes {args.nodes}: a whole number from 1 to {max_nodes()}")
     if args.env is not None:
         environment = get_environment(args.env)
         instance = get_instance_type(environment.instance_type)

@@ -12,7 +12,10 @@ from pydantic import ValidationError
 
 from btk.catalog import all_profiles, get_profile
 from btk.errors import UnknownNameError, one_line
-from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
+from btk.hardware import get_instance_type
+from btk.knobs import TENSOR_PARALLEL_DEGREES, TrainingKnobs
+from btk.planner.search import evaluate_knobs, plan_profile
+from btk.profile import MIN_VOCAB_SIZE, ModelArchitecture, ModelProfile, TrainingIntent
 
 PUBLISHED = sorted(name for name, profile in all_profiles().items() if profile.published_parameter_count is not None)
 
@@ -51,11 +54,26 @@ def _arch(**overrides: object) -> dict[str, object]:
         ({"num_kv_heads": 3}, "num_kv_heads (3) must divide num_attention_heads"),
         ({"num_layers": 0}, "num_layers"),
         ({"vocab_size": 1}, "vocab_size"),
+        ({"vocab_size": MIN_VOCAB_SIZE - 1}, "vocab_size"),
     ],
 )
 def test_invalid_architecture_names_the_field(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(ValidationError, match=field.replace("(", r"\(").replace(")", r"\)")):
         ModelArchitecture.model_validate(_arch(**overrides))
+
+
+@pytest.mark.parametrize("tensor_parallel", TENSOR_PARALLEL_DEGREES)
+def test_the_smallest_vocabulary_plans_at_every_tensor_parallel_degree(tensor_parallel: int) -> None:
+    """The loss-parallel head gives each rank ``vocab // tp`` tokens: at the smallest valid vocabulary every degree the
+    planner may choose still leaves each rank one (a vocabulary of 2-7 once passed validation and crashed the plan)."""
+    arch = ModelArchitecture.model_validate(_arch(vocab_size=MIN_VOCAB_SIZE, num_attention_heads=8, num_kv_heads=8))
+    profile = ModelProfile(name="tiny", family="test", architecture=arch,
+                           training=TrainingIntent(seq_len=128, global_batch_tokens=1 << 15))
+    instance = get_instance_type("ml.p6-b200.48xlarge")
+    assert plan_profile(profile, instance, 1).knobs is not None
+    knobs = TrainingKnobs(micro_batch_size=1, seq_len=128, gradient_accumulation_steps=4,
+                          tensor_parallel=tensor_parallel)
+    assert evaluate_knobs(profile, instance, 1, knobs).memory.total > 0
 
 
 def test_seq_len_above_max_context_is_rejected() -> None:

@@ -24,6 +24,7 @@ from btk_trainer.model import Decoder
 from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen, tiny_qwen3
 
 from btk import catalog
+from btk.cli.arguments import max_nodes
 from btk.hardware import get_instance_type
 from btk.knobs import TrainingKnobs
 from btk.planner.search import memory_budget_gib
@@ -177,7 +178,11 @@ def test_cli_runs_every_profile_of_an_environment(monkeypatch: pytest.MonkeyPatc
     (["--profile", "toy-gqa"], "name the cluster: --env ENV, or --instance-type TYPE"),
     ([], "name a --profile, an --env, or --shipped"),
     (["--profile", "toy-gqa", "--env", "dev", "--instance-type", B200.name], "give --env or --instance-type"),
-    (["--profile", "toy-gqa", "--instance-type", B200.name, "--nodes", "0"], "--nodes 0: at least 1"),
+    (["--profile", "toy-gqa", "--instance-type", B200.name, "--nodes", "0"], "--nodes 0: a whole number from 1 to"),
+    # btk plan's bound (a job's instance count): a larger world would run for as long as the user waits
+    (["--profile", "toy-gqa", "--instance-type", B200.name, "--nodes", str(max_nodes() + 1)],
+     f"--nodes {max_nodes() + 1}: a whole number from 1 to {max_nodes()}"),
+    (["--env", "dev", "--nodes", "100000"], "--nodes 100000: a whole number from 1 to"),
     (["--profile", "toy-gqa", "--instance-type", B200.name, "--set", "micro_batch_size"], "--set 'micro_batch_size'"),
     (["--profile", "toy-gqa", "--instance-type", B200.name, "--set", "tensor_parallel=3"], "tensor_parallel"),
     (["--profile", "toy-gqa", "--instance-type", "ml.nope"], "ml.nope"),
