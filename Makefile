@@ -93,9 +93,13 @@ typecheck: setup
 # As many workers as cores, at most 4 (each holds torch, the CDK and the synthesized stacks: 2-4 GB); a
 # file's tests stay on one worker, so a module-scoped fixture (a training run, the full-size dry runs) is
 # built once (not --dist loadgroup: under pytest 9 xdist 3.8's group suffix on the node id does not take).
+# Files are handed out in collection order, which tests/conftest.py sorts slow first
+# (--no-loadscope-reorder: xdist's default hands out the files with the most tests first, so the slow files,
+# which hold few tests each, started last and ended the run on one worker).
 # The 15 slowest tests are listed at the end: where the time goes.
 pytest: setup
-	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15 --ignore=tests/deploy
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15 \
+	  --ignore=tests/deploy
 
 ## deploy-rehearsal: docs/deploy.md's bootstrap and deploy, and docs/ci.md's CI access, run with the real
 ## CDK CLI and btk against moto_server on loopback; every call a bootstrap role made checked against it.

@@ -107,6 +107,18 @@ def output_shape(client: Any, service: str, operation: str) -> Any:
     return model.operation_model(operation).output_shape
 
 
+def method_output_shape(client: Any, service: str, method: str) -> Any:
+    """:func:`output_shape` of a boto3 method name (``list_aws_default_service_quotas``): the model's own
+    operation of that name, as botocore maps them (``ListAWSDefaultServiceQuotas``)."""
+    from botocore import xform_name
+
+    model = _service_model(service)
+    names = {xform_name(name): name for name in model.operation_names}
+    if method not in names:
+        raise KeyError(f"{service} has no operation {method}")
+    return output_shape(client, service, names[method])
+
+
 @cache
 def _service_model(service: str) -> Any:
     import botocore.session

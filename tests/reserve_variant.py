@@ -42,14 +42,15 @@ def synthesize_environment(env: EnvironmentConfig, outdir: Path | None = None) -
     from stacks.training_stack import TrainingStack
     from training_constructs.nag import apply_nag
 
-    out = outdir or Path(tempfile.mkdtemp(prefix=f"btk-{env.name}-"))
-    # As app.py: the environment's own bootstrap (its qualifier names the asset bucket and repository).
-    synthesizer = DefaultStackSynthesizer(qualifier=env.bootstrap_qualifier)
-    app = App(outdir=str(out), default_stack_synthesizer=synthesizer, context=project_context())  # cdk.json's flags
-    apply_nag(app)
-    stack = TrainingStack(app, "TrainingStack", env_config=env)
-    app.synth()
-    template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
+    with tempfile.TemporaryDirectory(prefix=f"btk-{env.name}-") as scratch:
+        out = outdir or Path(scratch)
+        # As app.py: the environment's own bootstrap (its qualifier names the asset bucket and repository).
+        synthesizer = DefaultStackSynthesizer(qualifier=env.bootstrap_qualifier)
+        app = App(outdir=str(out), default_stack_synthesizer=synthesizer, context=project_context())  # cdk.json's
+        apply_nag(app)
+        stack = TrainingStack(app, "TrainingStack", env_config=env)
+        app.synth()
+        template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
     return template
 
 
@@ -63,13 +64,13 @@ def synthesize_boundary(env: EnvironmentConfig, environments: Sequence[Environme
     from stacks.boundary_stack import EnvironmentBoundaryProps, EnvironmentBoundaryStack
     from training_constructs.nag import apply_nag
 
-    out = Path(tempfile.mkdtemp(prefix=f"btk-boundary-{env.name}-"))
-    app = App(outdir=str(out), context=project_context())
-    apply_nag(app)
     neighbours = [other for other in environments if other.name != env.name and other.account == env.account]
     owns = job_log_groups_owner(environments, env) == env.name
-    stack = EnvironmentBoundaryStack(app, f"BtkBoundary-{env.name}", props=EnvironmentBoundaryProps(
-        environment=env, neighbours=neighbours, owns_job_log_groups=owns))
-    app.synth()
-    template: dict[str, Any] = json.loads((out / f"{stack.artifact_id}.template.json").read_text())
+    with tempfile.TemporaryDirectory(prefix=f"btk-boundary-{env.name}-") as out:
+        app = App(outdir=out, context=project_context())
+        apply_nag(app)
+        stack = EnvironmentBoundaryStack(app, f"BtkBoundary-{env.name}", props=EnvironmentBoundaryProps(
+            environment=env, neighbours=neighbours, owns_job_log_groups=owns))
+        app.synth()
+        template: dict[str, Any] = json.loads((Path(out) / f"{stack.artifact_id}.template.json").read_text())
     return template

@@ -30,9 +30,6 @@ rules encoded here:
 
 from __future__ import annotations
 
-from btk.capacity.aws import (
-    sagemaker_client,
-)
 from btk.capacity.model import (
     CAPACITY_STOP_MARGIN_SECONDS,
     CAPACITY_TERMINATION_LEAD_SECONDS,
@@ -136,7 +133,6 @@ __all__ = [
     "ready_plan",
     "rejection",
     "reservation_request",
-    "sagemaker_client",
     "search_offerings",
     "usable",
     "utc",

@@ -1,6 +1,8 @@
-"""The SageMaker client, its failures as one line each, and its answers held to their documented shape.
+"""SageMaker calls: their failures as one line each, their answers held to their documented shape.
 
-boto3/botocore are imported inside functions only.
+The client is the caller's: ``btk capacity`` makes it with :mod:`btk.aws_clients`, the training-plan
+custom resource with boto3 in Lambda (this package is bundled with it: the standard library, boto3 and
+:mod:`btk.pagination` only). boto3/botocore are imported inside functions only.
 """
 
 from __future__ import annotations
@@ -11,20 +13,14 @@ from btk.capacity.model import CapacityError
 from btk.pagination import check_answer, output_shape
 
 
-def sagemaker_client(region: str) -> Any:
-    """The boto3 SageMaker client every call here uses (tests replace this function)."""
-    import boto3
-
-    return boto3.client("sagemaker", region_name=region)
-
-
 def _call(client: Any, operation: str, **parameters: Any) -> dict[str, Any]:
     """Call ``operation``: an AWS/botocore failure, or an answer outside its documented shape, is one CapacityError."""
     from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.parsers import ResponseParserError  # not a BotoCoreError
 
     try:
         response = getattr(client, operation)(**parameters)
-    except (ClientError, BotoCoreError) as error:
+    except (ClientError, BotoCoreError, ResponseParserError) as error:
         raise _one_line(error, operation) from None
     return _answer(client, operation, response)
 
@@ -52,6 +48,13 @@ def _one_line(error: Exception, operation: str) -> CapacityError:
         message = " ".join(str(details.get("Message", "")).split())
         api = error.operation_name or operation
         return CapacityError(f"{api} failed: {code}: {message}".rstrip(": "))
+    from botocore.parsers import ResponseParserError
+
+    if isinstance(error, ResponseParserError):
+        return CapacityError(
+            f"{operation} failed: the answer is not in the service's format (check AWS_ENDPOINT_URL and any "
+            "HTTPS_PROXY)"
+        )
     text = " ".join(str(error).split())
     return CapacityError(f"{operation} failed: {text} (configure AWS credentials and region)")
 

@@ -1,7 +1,7 @@
 """``btk capacity search`` and ``btk capacity show``: training-plan offerings and the environment's plan.
 
 ``btk.capacity`` (and with it boto3) is imported inside the handlers only, so ``btk plan``
-stays fast. The SageMaker client comes from ``btk.capacity.sagemaker_client(region)``.
+stays fast. The SageMaker client comes from :func:`sagemaker_client`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from btk.environment import EnvironmentConfig
 
 DEFAULT_DURATION_HOURS = 7 * 24
+
+
+def sagemaker_client(region: str) -> Any:
+    """The SageMaker client of every call here (:mod:`btk.aws_clients`: set-up checked, waits bounded)."""
+    from btk.aws_clients import make_client
+
+    return make_client("sagemaker", region, purpose="btk-capacity")
 
 
 def register(subparsers: Any) -> None:
@@ -59,7 +66,7 @@ def _search(args: argparse.Namespace) -> int:
     request = _search_request(env, args)
     profile, tokens_per_second_per_gpu, gpus = _throughput(env, args.profile, request.instance_count)
     try:
-        client = capacity.sagemaker_client(env.region)
+        client = sagemaker_client(env.region)
         offerings = capacity.rank_offerings(capacity.search_offerings(client, request), env.availability_zone)
     except capacity.CapacityError as error:
         raise BtkError(str(error)) from None
@@ -306,7 +313,7 @@ def _describe(env: EnvironmentConfig, name_or_arn: str) -> TrainingPlan | None:
     from btk import capacity
 
     try:
-        return capacity.describe_plan(capacity.sagemaker_client(env.region), name_or_arn)
+        return capacity.describe_plan(sagemaker_client(env.region), name_or_arn)
     except capacity.CapacityError as error:
         raise BtkError(str(error)) from None
 
@@ -315,7 +322,7 @@ def _list(env: EnvironmentConfig, prefix: str) -> list[TrainingPlan]:
     from btk import capacity
 
     try:
-        return capacity.list_plans(capacity.sagemaker_client(env.region), prefix)
+        return capacity.list_plans(sagemaker_client(env.region), prefix)
     except capacity.CapacityError as error:
         raise BtkError(str(error)) from None
 

@@ -16,13 +16,15 @@ exponential backoff (the sleep is injectable). What AWS answers instead of a res
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from btk.pagination import paginate
+from btk import aws_clients
+from btk.aws_clients import NOT_AWS_REMEDY, ClientFactory, call_failures, describe_call_failure
+from btk.pagination import check_answer, method_output_shape, paginate
 from btk.report.aws import ACCESS_DENIED_CODES as _REPORT_DENIED
-from btk.report.aws import BOTOCORE_MAX_ATTEMPTS
 from btk.report.aws import THROTTLING_CODES as _REPORT_THROTTLING
 
 #: Amazon SNS answers ``Throttled`` and ``AuthorizationError`` (its ThrottledException and
@@ -33,11 +35,14 @@ ACCESS_DENIED_CODES = _REPORT_DENIED | {"AuthorizationError"}
 #: Where the IAM actions ``btk doctor`` needs are listed.
 IAM_DOC = "docs/deploy.md"
 
+#: Members botocore's own handlers turn into something other than the model's type before a caller sees
+#: them: ``botocore.handlers.json_decode_template_body`` parses CloudFormation's template body (a string
+#: in the model) when it is JSON. They are checked as the service sent them.
+DECODED_BY_BOTOCORE = {("cloudformation", "get_template"): "TemplateBody"}
+
 T = TypeVar("T")
 #: What reading an answer outside AWS's documented shape raises (a stand-in's, a proxy's).
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
-ClientFactory = Callable[[str], Any]
-"""Returns the client of a boto3 service name (``"sagemaker"``, ``"service-quotas"``, ...)."""
 
 
 class UnansweredError(Exception):
@@ -59,30 +64,12 @@ class ServiceError(Exception):
 
 
 def client_factory(region: str, credentials: dict[str, Any] | None = None) -> ClientFactory:
-    """Clients of one boto3 session in ``region``, with botocore's standard retry mode, made once each.
+    """The doctor's clients in ``region`` (:func:`btk.aws_clients.client_factory`: the set-up checked before
+    the first call, every wait bounded).
 
     ``credentials``: an STS ``Credentials`` answer to use instead of boto3's usual chain.
     """
-    import boto3
-    from botocore.config import Config
-
-    keys = {}
-    if credentials is not None:
-        keys = {
-            "aws_access_key_id": credentials["AccessKeyId"],
-            "aws_secret_access_key": credentials["SecretAccessKey"],
-            "aws_session_token": credentials["SessionToken"],
-        }
-    session = boto3.session.Session(region_name=region, **keys)
-    config = Config(retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS}, user_agent_extra="btk-doctor")
-    made: dict[str, Any] = {}
-
-    def client(service: str) -> Any:
-        if service not in made:
-            made[service] = session.client(service, config=config)
-        return made[service]
-
-    return client
+    return aws_clients.client_factory(region, purpose="btk-doctor", credentials=credentials)
 
 
 def iam_action(client: Any, operation: str) -> str:
@@ -128,14 +115,24 @@ class Caller:
 
     def call(self, service: str, operation: str, **params: Any) -> dict[str, Any]:
         """The response of ``operation`` (the boto3 method name) of ``service``."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
         action = self.action(service, operation)
         self.actions.append(action)
+        response = self._answer(service, operation, action, params)
+        shape = method_output_shape(self._clients(service), service, operation)
+        check_answer(
+            _as_sent(service, operation, response), shape, operation=action,
+            error=lambda problem: UnansweredError(problem, NOT_AWS_REMEDY),
+        )  # fmt: skip
+        checked: dict[str, Any] = response
+        return checked
+
+    def _answer(self, service: str, operation: str, action: str, params: dict[str, Any]) -> Any:
+        """What ``operation`` answers, retried while throttled; a failure is one of this module's errors."""
+        from botocore.exceptions import ClientError
+
         for attempt in range(1, self._max_attempts + 1):
             try:
-                response: dict[str, Any] = getattr(self._clients(service), operation)(**params)
-                return response
+                return getattr(self._clients(service), operation)(**params)
             except ClientError as error:
                 code, message = _error_details(error)
                 if code in THROTTLING_CODES and attempt < self._max_attempts:
@@ -152,14 +149,9 @@ class Caller:
                         f"grant it to the caller ({IAM_DOC} lists what btk doctor needs)",
                     ) from None
                 raise ServiceError(action, code or "Error", message) from None
-            except NoCredentialsError:
-                raise UnansweredError(
-                    "no AWS credentials found", "configure them (AWS_PROFILE, aws configure or SSO) and retry"
-                ) from None
-            except BotoCoreError as error:
-                raise UnansweredError(
-                    f"{action} failed: {str(error).splitlines()[0]}", "run btk doctor again when AWS answers"
-                ) from None
+            except call_failures() as error:
+                what, remedy = describe_call_failure(error)
+                raise UnansweredError(f"{action} failed: {what}", remedy) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def items(
@@ -188,6 +180,14 @@ class Caller:
             return iam_action(self._clients(service), operation)
         except (BotoCoreError, KeyError, AttributeError):
             return f"{service}:{operation}"
+
+
+def _as_sent(service: str, operation: str, response: Any) -> Any:
+    """``response`` with a member :data:`DECODED_BY_BOTOCORE` decoded put back as the text it was sent as."""
+    member = DECODED_BY_BOTOCORE.get((service, operation))
+    if member is None or not isinstance(response, dict) or isinstance(response.get(member, ""), str):
+        return response
+    return {**response, member: json.dumps(response[member])}
 
 
 class Answer(Generic[T]):

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from btk.aws_clients import call_failure_line, call_failures
+from btk.aws_clients import make_client as _make_client
 from btk.errors import BtkError
 from btk.pagination import check_answer, output_shape, paginate
 
@@ -29,7 +31,6 @@ THROTTLING_CODES = frozenset(
 )
 ACCESS_DENIED_CODES = frozenset({"AccessDeniedException", "AccessDenied", "UnauthorizedOperation"})
 NOT_FOUND_CODES = frozenset({"ResourceNotFound", "ResourceNotFoundException"})
-BOTOCORE_MAX_ATTEMPTS = 5
 
 
 class PermissionDeniedError(BtkError):
@@ -41,12 +42,8 @@ class ResourceMissingError(BtkError):
 
 
 def make_client(region: str) -> Any:
-    """A SageMaker client for ``region`` with botocore's standard retry mode."""
-    import boto3
-    from botocore.config import Config
-
-    config = Config(retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS}, user_agent_extra="btk-report")
-    return boto3.client("sagemaker", region_name=region, config=config)
+    """The report's SageMaker client for ``region`` (:mod:`btk.aws_clients`: set-up checked, waits bounded)."""
+    return _make_client("sagemaker", region, purpose="btk-report")
 
 
 def _action(operation: str) -> str:
@@ -110,7 +107,7 @@ class SageMakerReader:
 
     def _answer(self, operation: str, action: str, params: dict[str, Any]) -> Any:
         """What ``operation`` answers, retried while throttled; every AWS failure is one line."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        from botocore.exceptions import ClientError
 
         for attempt in range(1, self._max_attempts + 1):
             self.calls += 1
@@ -137,12 +134,8 @@ class SageMakerReader:
                 ):
                     raise ResourceMissingError(f"{action}: {_error_message(error) or code}") from None
                 raise BtkError(f"{action} failed ({code}): {_error_message(error)}") from None
-            except NoCredentialsError:
-                raise BtkError(
-                    "no AWS credentials found: configure them (AWS_PROFILE, aws configure or SSO) and retry"
-                ) from None
-            except BotoCoreError as error:
-                raise BtkError(f"{action} failed: {str(error).splitlines()[0]}") from None
+            except call_failures() as error:
+                raise BtkError(f"{action} failed: {call_failure_line(error)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def pages(self, operation: str, result_key: str, **params: Any) -> Iterator[dict[str, Any]]:

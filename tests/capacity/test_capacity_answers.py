@@ -252,7 +252,7 @@ def test_btk_capacity_exits_2_with_one_line_on_a_looping_or_malformed_answer(
             "search_training_plan_offerings": lambda **_: {"TrainingPlanOfferings": [{"TargetResources": None}]},
         }
     )
-    monkeypatch.setattr(capacity, "sagemaker_client", lambda region: client)
+    monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: client)
     argv = ["capacity", command, "--env", RESERVE_ENV.name]
     code = main(argv if command == "show" else [*argv, "--profile", "llama3.1-8b"])
     out, err = capsys.readouterr()

@@ -44,7 +44,7 @@ SEARCH = {
 @pytest.fixture(autouse=True)
 def environments(monkeypatch: pytest.MonkeyPatch, stubbed_sagemaker: StubbedSageMaker) -> None:
     fixture_catalog.install(monkeypatch, RESERVE_ENV, EXISTING_ENV)
-    monkeypatch.setattr(capacity, "sagemaker_client", lambda region: stubbed_sagemaker.client)
+    monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: stubbed_sagemaker.client)
 
 
 def btk(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

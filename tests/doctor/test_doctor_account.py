@@ -23,6 +23,7 @@ from doctor_fixtures import (
     variant,
 )
 
+from btk.aws_clients import NO_CREDENTIALS
 from btk.catalog import get_environment
 from btk.cli import main
 from btk.doctor.quotas import training_needs
@@ -175,9 +176,7 @@ def test_no_credentials_is_one_line_and_exit_2(
     captured = capsys.readouterr()
     assert code == 2
     assert captured.out == ""
-    assert captured.err == (
-        "btk: error: no AWS credentials found: configure them (AWS_PROFILE, aws configure or SSO) and retry\n"
-    )
+    assert captured.err == f"btk: error: {NO_CREDENTIALS}\n"
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> EmptySageMaker:
     client = EmptySageMaker()
     monkeypatch.setattr(catalog, "all_profiles", lambda: {PROFILE.name: PROFILE})
     monkeypatch.setattr(catalog, "all_environments", lambda: dict(ENVIRONMENTS))
-    monkeypatch.setattr(capacity, "sagemaker_client", lambda region: client)
+    monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: client)
     monkeypatch.setattr(capacity, "plan_instance_types", SOLD_AS_PLANS)
     monkeypatch.setattr(aws, "make_client", lambda region: client)
     return client

@@ -561,7 +561,7 @@ def test_btk_capacity_on_generated_answers(monkeypatch: pytest.MonkeyPatch, caps
             tally("btk capacity", account)
 
     def connect(account: Account) -> None:
-        monkeypatch.setattr(capacity, "sagemaker_client", lambda region: account)
+        monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: account)
 
     run_many(runs, 100)
     report_counts("btk capacity")
@@ -586,7 +586,7 @@ def test_btk_capacity_ends_in_one_line_on_each_kind_of_bad_answer(
             assert outcome.code == 2, outcome
 
     def connect(account: Account) -> None:
-        monkeypatch.setattr(capacity, "sagemaker_client", lambda region: account)
+        monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: account)
 
     run_many(runs, 12)
 

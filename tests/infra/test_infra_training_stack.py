@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -430,9 +429,9 @@ def test_no_unacknowledged_nag_findings(synth: Synth) -> None:
             assert plugin["conclusion"] == "success", plugin
 
 
-def test_nag_fails_synth_on_a_finding() -> None:
+def test_nag_fails_synth_on_a_finding(tmp_path: Path) -> None:
     """The control: the same wiring rejects an unencrypted, non-SSL bucket."""
-    app = cli_app(outdir=tempfile.mkdtemp())
+    app = cli_app(outdir=str(tmp_path))
     s3.Bucket(Stack(app, "Bad"), "Bucket")
     apply_nag(app)
     with pytest.raises(RuntimeError, match="AwsSolutions-S10"):

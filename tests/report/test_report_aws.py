@@ -116,7 +116,7 @@ def test_no_credentials_is_one_line() -> None:
         def describe_training_job(self, **_: Any) -> dict[str, Any]:
             raise NoCredentialsError()
 
-    with pytest.raises(BtkError, match=r"^no AWS credentials found: configure them"):
+    with pytest.raises(BtkError, match=r"^sagemaker:DescribeTrainingJob failed: no AWS credentials found: set "):
         SageMakerReader(NoCredentialsClient()).call("describe_training_job", TrainingJobName="x")
 
 
