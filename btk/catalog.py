@@ -301,6 +301,18 @@ def get_profile(name: str) -> ModelProfile:
     raise UnknownNameError(f"unknown profile {name!r}{_suggest(name, sorted(catalog))}")
 
 
+def environment_profiles(env: EnvironmentConfig) -> dict[str, ModelProfile]:
+    """The profiles ``env`` trains, by name; one that ``profiles/`` lacks is an error naming the environment
+    and the file that lists it."""
+    try:
+        return {name: get_profile(name) for name in env.profiles}
+    except UnknownNameError as error:
+        raise UnknownNameError(
+            f"{_display_name(ENVIRONMENTS)}: environment {env.name!r}: profiles: {error}: add it to "
+            f"{_display_name(PROFILES)} or remove it from the environment"
+        ) from None
+
+
 @lru_cache(maxsize=1)
 def all_environments() -> dict[str, EnvironmentConfig]:
     """Every environment in ``environments.py``, by name; duplicate names are an error."""

@@ -64,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(error))
     except BrokenPipeError:  # pragma: no cover - e.g. `btk profiles | head`
         return 0
-    except OSError as error:  # the output cannot be written: full disk, read-only file system
-        where = f" ({error.filename!r})" if error.filename else ""
-        return _fail(f"cannot write the output{where}: {error.strerror or error}")
+    except OSError as error:
+        if error.filename:  # a file the command read or wrote: which, and what the system said
+            return _fail(f"{error.filename}: {error.strerror or error}")
+        return _fail(f"cannot write the output: {error.strerror or error}")  # stdout: a full disk, a closed pipe
 
 
 def _fail(message: str) -> int:

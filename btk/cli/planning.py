@@ -149,7 +149,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from btk.catalog import get_environment, get_profile
+    from btk.catalog import environment_profiles, get_environment, get_profile
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
     from btk.planner.cost import reserved_plan_hours
     from btk.planner.plot import check_plot_path, plot_plans
@@ -161,6 +161,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         env = get_environment(args.env)
         instance = get_instance_type(args.instance or env.instance_type)
         nodes = args.nodes or env.instance_count
+        if args.profile is None:
+            environment_profiles(env)  # a profile the environment names but profiles/ lacks: said as such
         names = [args.profile] if args.profile is not None else list(env.profiles)
         plan_hours = reserved_plan_hours(env.capacity)
     elif args.profile is not None:

@@ -185,7 +185,7 @@ class Caller:
 def _as_sent(service: str, operation: str, response: Any) -> Any:
     """``response`` with a member :data:`DECODED_BY_BOTOCORE` decoded put back as the text it was sent as."""
     member = DECODED_BY_BOTOCORE.get((service, operation))
-    if member is None or not isinstance(response, dict) or isinstance(response.get(member, ""), str):
+    if member is None or not isinstance(response, dict) or not isinstance(response.get(member), dict):
         return response
     return {**response, member: json.dumps(response[member])}
 

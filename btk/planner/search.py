@@ -627,13 +627,15 @@ def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]
 
 def plan_environment(env: EnvironmentConfig) -> dict[str, Plan]:
     """Plans for every profile of an environment on its instance type and count."""
-    from btk.catalog import get_profile
+    from btk.catalog import environment_profiles
 
     try:
         instance = get_instance_type(env.instance_type)
     except UnknownNameError as error:
         raise UnknownNameError(f"environment {env.name!r}: instance_type: {error}") from None
-    return {name: plan_profile(get_profile(name), instance, env.instance_count) for name in env.profiles}
+    return {
+        name: plan_profile(profile, instance, env.instance_count) for name, profile in environment_profiles(env).items()
+    }
 
 
 #: Knobs whose change alters the tokens one micro-step trains, so the accumulation is recomputed.

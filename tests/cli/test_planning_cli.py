@@ -406,3 +406,15 @@ def test_mfu_names_the_peak_it_is_a_share_of(capsys: pytest.CaptureFixture[str],
     assert " of dense bf16 " in estimate.split("MFU", 1)[1]
     code, out, _ = run(capsys, "compare", "llama3.1-8b")
     assert "MFU: of the GPU's dense bf16 peak, whatever the row's precision" in out
+
+
+@pytest.mark.parametrize("command", ["plan", "doctor"])
+def test_an_environment_naming_a_profile_that_profiles_lacks_is_named_with_its_file(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lost = fixture_catalog.DEV.model_copy(update={"name": "lost", "profiles": (fixture_catalog.LLAMA_1B.name, "gpt-x")})
+    fixture_catalog.install(monkeypatch, lost)
+    code, out, err = run(capsys, command, "--env", "lost")
+    assert (code, out) == (2, "")
+    assert err.startswith("btk: error: environments.py: environment 'lost': profiles: unknown profile 'gpt-x'"), err
+    assert err.endswith(": add it to profiles/ or remove it from the environment\n") and err.count("\n") == 1, err

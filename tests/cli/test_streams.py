@@ -73,3 +73,16 @@ def test_the_real_command_on_an_ascii_terminal_prints_its_plan(env: dict[str, st
     completed = _btk(f"plan {profile}", **env)
     assert completed.returncode == 0 and "Traceback" not in completed.stderr, completed.stderr
     assert profile in completed.stdout and completed.stdout.isascii()
+
+
+def test_a_file_the_command_cannot_use_is_named_not_called_the_output(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError about a file (here reading a profile module) names that file; it is no write error."""
+
+    def unreadable() -> dict[str, object]:
+        raise PermissionError(13, "Permission denied", "profiles/llama.py")
+
+    monkeypatch.setattr("btk.catalog.all_profiles", unreadable)
+    assert main(["profiles"]) == 2
+    assert capsys.readouterr().err == "btk: error: profiles/llama.py: Permission denied\n"

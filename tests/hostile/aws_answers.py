@@ -1,11 +1,12 @@
-"""SageMaker answers generated from botocore's service model, inside their documented shape or corrupted out of it.
+"""AWS answers generated from botocore's service models, inside their documented shape or corrupted out of it.
 
-:func:`answers` walks an operation's output shape in botocore's SageMaker model (the machine-readable
-API reference) and builds a value of that shape: every required member, optional scalar members at
-random (up to three of them), optional nested members when they are among the members ``btk`` reads
-(:data:`NESTED`), each value drawn within the model's type and documented range. A caller's ``hints`` give the values of
-named members (an instance type, a fee, a window), so that a generated offering can match the
-request or differ from it in a known field.
+:func:`answers` walks an operation's output shape in botocore's model of its service (SageMaker unless
+said otherwise; the machine-readable API reference) and builds a value of that shape: every required
+member, optional scalar members at random (up to three of them), optional nested members when they
+are among the members ``btk`` reads (:data:`NESTED`), each value drawn within the model's type and
+documented range. A caller's ``hints`` give the values of named members (an instance type, a fee, a
+window, a quota's name), so that a generated answer can match the request or differ from it in a known
+field, or lead the code down the path that reads deeper.
 
 A generated answer is then, at random, corrupted at one node, which takes it outside the documented
 shape in a way known without asking the code under test: the node made null, a required member
@@ -38,6 +39,9 @@ NESTED = frozenset(
         "ReservedCapacitySummaries", "PipelineExecutionSummaries", "PipelineExecutionSteps", "Metadata",
         "TrainingJob", "Results", "Tags", "HyperParameters", "ResourceConfig", "InstanceGroups",
         "SecondaryStatusTransitions", "FinalMetricDataList", "CheckpointConfig",
+        # btk doctor's reads (FSx, Service Quotas, SSM, CloudFormation, ECR, SNS, STS)
+        "FileSystems", "LustreConfiguration", "Quotas", "Parameter", "Stacks", "Outputs", "imageDetails",
+        "Subscriptions", "Credentials",
     }
 )  # fmt: skip
 #: Bits of Smithy's whole-number types (https://smithy.io/2.0/spec/simple-types.html).
@@ -49,18 +53,20 @@ TEXTS = ("", " ", "x", "a\nb", "ü-名", "x" * 300, "arn:aws:sagemaker:us-east-1
 
 
 @cache
-def model() -> Any:
-    """botocore's SageMaker service model, read offline once."""
-    return botocore.session.get_session().get_service_model("sagemaker")
+def model(service: str = "sagemaker") -> Any:
+    """botocore's model of ``service`` (a boto3 service name), read offline once."""
+    return botocore.session.get_session().get_service_model(service)
 
 
-def api_name(operation: str) -> str:
-    """``list_training_plans`` → ``ListTrainingPlans``."""
-    return "".join(part.capitalize() for part in operation.split("_"))
+def api_name(operation: str, service: str = "sagemaker") -> str:
+    """The model's name of a boto3 method: ``list_training_plans`` → ``ListTrainingPlans``,
+    ``list_aws_default_service_quotas`` → ``ListAWSDefaultServiceQuotas``."""
+    names = {botocore.xform_name(name): name for name in model(service).operation_names}
+    return names[operation]
 
 
-def output_shape(operation: str) -> Any:
-    return model().operation_model(api_name(operation)).output_shape
+def output_shape(operation: str, service: str = "sagemaker") -> Any:
+    return model(service).operation_model(api_name(operation, service)).output_shape
 
 
 @dataclass(frozen=True)
@@ -240,11 +246,13 @@ def _without(value: Any, path: tuple[Any, ...]) -> Any:
 
 
 def answers(
-    operation: str, hints: Hints | None = None, corrupt: int = 4, always: str | None = None
+    operation: str, hints: Hints | None = None, corrupt: int = 4, always: str | None = None,
+    service: str = "sagemaker",
 ) -> st.SearchStrategy[Generated]:
-    """Answers of ``operation`` (a boto3 method name): inside the shape, or (one in ``corrupt``) outside it;
-    ``corrupt`` 0 never corrupts; ``always`` (one of :data:`CORRUPTIONS`) corrupts every answer that way."""
-    shape = output_shape(operation)
+    """Answers of ``operation`` (a boto3 method name of ``service``): inside the shape, or (one in ``corrupt``)
+    outside it; ``corrupt`` 0 never corrupts; ``always`` (one of :data:`CORRUPTIONS`) corrupts every answer
+    that way."""
+    shape = output_shape(operation, service)
 
     @st.composite
     def build(draw: st.DrawFn) -> Generated:
