@@ -26,7 +26,7 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import tiny_mistral_nemo, tiny_olmo2, tiny_qwen3  # noqa: E402
+from trainer_fixtures import RANK_START_METHOD, tiny_mistral_nemo, tiny_olmo2, tiny_qwen3  # noqa: E402
 
 from btk.knobs import TrainingKnobs  # noqa: E402
 from btk.profile import ModelArchitecture  # noqa: E402
@@ -139,4 +139,4 @@ def free_port() -> int:
 
 
 if __name__ == "__main__":
-    mp.spawn(_worker, args=(2, free_port(), sys.argv[1]), nprocs=2, join=True)
+    mp.start_processes(_worker, args=(2, free_port(), sys.argv[1]), nprocs=2, start_method=RANK_START_METHOD)

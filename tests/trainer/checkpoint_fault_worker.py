@@ -22,7 +22,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from checkpoint_faults import fill_disk  # noqa: E402
 from dist_worker import free_port  # noqa: E402
-from trainer_fixtures import tiny_spec  # noqa: E402
+from trainer_fixtures import RANK_START_METHOD, tiny_spec  # noqa: E402
 
 from btk.errors import BtkError  # noqa: E402
 
@@ -50,4 +50,4 @@ def _rank(rank: int, port: int, phase: str, workdir: str) -> None:
 
 if __name__ == "__main__":
     phase_name, work = sys.argv[1], sys.argv[2]
-    mp.spawn(_rank, args=(free_port(), phase_name, work), nprocs=2, join=True)
+    mp.start_processes(_rank, args=(free_port(), phase_name, work), nprocs=2, start_method=RANK_START_METHOD)

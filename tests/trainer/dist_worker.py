@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import sigterm_after, tiny_spec  # noqa: E402
+from trainer_fixtures import RANK_START_METHOD, sigterm_after, tiny_spec  # noqa: E402
 
 from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
@@ -737,7 +737,8 @@ def scenario_kill(workdir: Path, data_dir: Path) -> None:
     """Both kill cases, each in its own process that dies by SIGKILL (expected)."""
     for case in ("write", "prune"):
         try:
-            mp.spawn(_killed_mid_write, args=(str(workdir), str(data_dir), free_port(), case), nprocs=1, join=True)
+            mp.start_processes(_killed_mid_write, args=(str(workdir), str(data_dir), free_port(), case), nprocs=1,
+                               start_method=RANK_START_METHOD)
         except mp.ProcessExitedException as error:
             (workdir / f"killed_{case}").write_text(str(error.signal_name))
 
@@ -779,4 +780,5 @@ if __name__ == "__main__":
         raise SystemExit(0)
     world_size = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     seed_value = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    mp.spawn(_worker, args=(world_size, free_port(), name, work, data, seed_value), nprocs=world_size, join=True)
+    mp.start_processes(_worker, args=(world_size, free_port(), name, work, data, seed_value), nprocs=world_size,
+                       start_method=RANK_START_METHOD)

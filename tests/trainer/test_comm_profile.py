@@ -237,5 +237,6 @@ def _free_port() -> int:
 
 if __name__ == "__main__":
     import torch.multiprocessing as mp
+    from trainer_fixtures import RANK_START_METHOD
 
-    mp.spawn(_rank, args=(2, _free_port(), sys.argv[1]), nprocs=2, join=True)
+    mp.start_processes(_rank, args=(2, _free_port(), sys.argv[1]), nprocs=2, start_method=RANK_START_METHOD)

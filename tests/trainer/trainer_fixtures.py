@@ -16,6 +16,11 @@ from btk.hyperparameters import JobHyperparameters, JobSettings
 from btk.knobs import TrainingKnobs
 from btk.profile import ModelArchitecture, RopeScaling, TrainingIntent
 
+#: How the multi-process tests start their ranks: as forks of the launcher script, which has imported torch
+#: and the trainer and done nothing else (no thread, no accelerator), so no rank imports them again
+#: (about 2 CPU-seconds a rank; ``spawn`` would re-import everything in each).
+RANK_START_METHOD = "fork"
+
 
 def tiny_llama(**overrides: object) -> ModelArchitecture:
     """A Llama-3-like toy: GQA, llama3 rope scaling, untied head."""
