@@ -30,7 +30,7 @@ COMMANDS = {
     "report": ["report", "--env", ENV],
 }
 #: The credential process's bound in these tests (the shipped one is a minute).
-PROCESS_TIMEOUT_S = 2
+PROCESS_TIMEOUT_S = 1
 #: What a command may take at most here: the bound above and botocore's start-up, with room for a busy machine.
 BOUND_S = 30
 

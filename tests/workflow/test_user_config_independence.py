@@ -106,7 +106,7 @@ DEPLOY_WORKFLOW_CHECKS = (
     "test_rules_catch_a_broken_chain_permissions_concurrency_and_keys",
 )
 #: Each property suite's examples in the re-run.
-RERUN_EXAMPLES = 20
+RERUN_EXAMPLES = 10
 # Left out, each with its reason.
 EXCLUDED = {
     "tests/cli/test_user_config_cli.py::test_readme_add_a_profile_example_plans": "the README's example extends the "
