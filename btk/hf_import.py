@@ -1,19 +1,27 @@
 """A Hugging Face ``config.json`` as a model profile (``btk profile import``).
 
 Reads the dense decoders the trainer implements — ``model_type`` llama, mistral, qwen2, qwen3
-and olmo2, the way transformers' own config classes read them (defaults included) — into a
-:class:`~btk.profile.ModelArchitecture`, and writes the profile out as a Python module to
-commit or as JSON. Anything the trainer does not implement is refused in one line naming the
-``config.json`` field: mixture-of-experts, sliding-window attention, logit soft-capping,
-vision/audio towers, RoPE scaling other than Llama 3's, activations other than SiLU, MLP
-biases, attention dropout, quantised checkpoints. The inverse, the ``config.json`` the trainer
+and olmo2 — into a :class:`~btk.profile.ModelArchitecture` through transformers' own config class
+for the model type (the pinned release, :data:`TRANSFORMERS_PIN`): every default, alias
+(``rope_scaling`` read into ``rope_parameters``) and validation is transformers', and a key the
+class does not declare is never read (Mistral's ``attention_bias``). What stays written here is the
+modelling code's structure per model type (Qwen2's q/k/v biases, Qwen3's per-head and OLMo 2's
+per-projection QK-norm, OLMo 2's norms after the sublayers). The profile is written out as a
+Python module to commit or as JSON. Anything the trainer does not implement is refused naming
+every ``config.json`` field at fault in one line: mixture-of-experts, sliding-window attention
+(as transformers decides it: Mistral's default window, Qwen's ``use_sliding_window``), logit
+soft-capping, vision/audio towers, RoPE other than Llama 3's or on part of a head, activations
+other than SiLU, MLP biases, attention dropout, quantised checkpoints. The inverse, the ``config.json`` the trainer
 exports, is ``btk_trainer.model.hf_config``; importing what it writes gives the same
 architecture back (tested).
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -53,11 +61,8 @@ CONFIG_KEYS = {
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
                  "max_position_embeddings")
 
-DEFAULT_ROPE_THETA = 10000.0
-"""RoPE base when a config gives none: the default of every imported family's config class in transformers."""
-
-DEFAULT_RMS_NORM_EPS = {"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "olmo2": 1e-5}
-"""``rms_norm_eps`` when a config gives none: the config classes' defaults (transformers 5.x)."""
+TRANSFORMERS_PIN = "5.23.0"
+"""The transformers release whose config classes read the files (pyproject.toml pins the same)."""
 
 DEFAULT_SEQ_LEN = 8192
 """Training sequence length an imported profile starts with (capped at the model's context)."""
@@ -76,111 +81,162 @@ def _present(value: Any) -> bool:
     return value not in (None, False, 0, "", [], {})
 
 
+def _refusal(key: str, why: str) -> str:
+    return f"{key}: {why}"
+
+
 def _refuse(key: str, why: str) -> BtkError:
-    return BtkError(f"config.json: {key}: {why}")
+    return BtkError(printable(f"config.json: {key}: {why}"))
 
 
-def _check_features(config: Mapping[str, Any], model_type: str) -> None:
-    """Refuse what the trainer does not implement, naming the config.json key."""
+def _unsupported_keys(config: Mapping[str, Any], model_type: Any) -> list[str]:
+    """What the trainer does not implement, read from the file's own keys (each as ``key: why``)."""
+    problems = []
     for key, feature in UNSUPPORTED_FEATURES.items():
         if key in ("sliding_window", "layer_types"):
-            continue  # present in many dense configs, switched off: checked per family below
+            continue  # present in many dense configs, switched off: transformers' config class decides
         if _present(config.get(key)):
-            raise _refuse(key, f"{feature} is not supported by the trainer")
+            problems.append(_refusal(key, f"{feature} is not supported by the trainer"))
     if _present(config.get("quantization_config")):
-        raise _refuse("quantization_config", "quantized checkpoints are not supported; import the bf16 model's config")
-    _check_sliding_window(config)
+        problems.append(_refusal("quantization_config",
+                                 "quantized checkpoints are not supported; import the bf16 model's config"))
     if model_type not in FAMILIES:
-        raise _refuse("model_type", f"{printable(repr(model_type))[:60]} is not supported; "
-                      f"supported: {', '.join(FAMILIES)}")
-    if config.get("hidden_act", "silu") != "silu":
-        shown = printable(repr(config.get("hidden_act")))[:60]
-        raise _refuse("hidden_act", f"{shown} is not supported (SwiGLU with silu only)")
-    if _present(config.get("mlp_bias")):
-        raise _refuse("mlp_bias", "MLP biases are not supported")
-    if _present(config.get("attention_dropout")):
-        raise _refuse("attention_dropout", "attention dropout is not supported; the trainer trains without dropout")
-    if _present(config.get("clip_qkv")):
-        raise _refuse("clip_qkv", "clipping q/k/v is not supported")
-    if _present(config.get("use_mrope")):
-        raise _refuse("use_mrope", "multimodal rotary embeddings are not supported")
+        problems.append(_refusal("model_type", f"{printable(repr(model_type))[:60]} is not supported; "
+                                 f"supported: {', '.join(FAMILIES)}"))
+    return problems
 
 
-def _check_sliding_window(config: Mapping[str, Any]) -> None:
-    """Refuse a sliding window that applies to any layer, as transformers' config classes decide it."""
-    layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and any(kind != "full_attention" for kind in layer_types):
-        raise _refuse("layer_types", f"{UNSUPPORTED_FEATURES['layer_types']} is not supported by the trainer")
-    window = config.get("sliding_window")
-    if "use_sliding_window" in config:
-        # Qwen2/Qwen3: the window is off unless use_sliding_window, and then only from layer max_window_layers on.
-        layers = config.get("num_hidden_layers")
-        first = config.get("max_window_layers", 28)
-        slides = _present(config.get("use_sliding_window")) and _present(window)
-        if slides and isinstance(layers, int) and isinstance(first, int) and first < layers:
-            raise _refuse("use_sliding_window", "sliding-window attention is not supported by the trainer")
-    elif _present(window):
-        raise _refuse("sliding_window", "sliding-window attention is not supported by the trainer")
+def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
+    """The config as transformers' own config class for ``model_type`` reads it (its defaults, its aliases, its
+    validation), None for a model type transformers does not know; :class:`BtkError` when transformers is
+    missing or its class refuses the file."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)  # its notes on unused keys are not our output
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        raise BtkError("btk profile import reads configs with transformers, which is not installed: "
+                       f"pip install transformers=={TRANSFORMERS_PIN} (make setup installs it)") from None
+    if model_type not in CONFIG_MAPPING:
+        return None
+    config_class = CONFIG_MAPPING[model_type]
+    try:
+        return config_class(**copy.deepcopy(dict(config)))  # the class edits nested values in place
+    except Exception as error:  # transformers' validation of the user's file: whatever it raises is its refusal
+        said = " ".join(str(error).split())[:240]
+        raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said}")) from None
 
 
-def _rope(config: Mapping[str, Any], model_type: str) -> tuple[Any, Any]:
-    """(rope_theta, rope_scaling) from ``rope_theta``/``rope_scaling`` (transformers 4) or ``rope_parameters`` (5)."""
-    parameters = config.get("rope_parameters")
-    key = "rope_parameters" if isinstance(parameters, dict) else "rope_scaling"
-    scaling = parameters if isinstance(parameters, dict) else config.get("rope_scaling")
-    theta = config.get("rope_theta", DEFAULT_ROPE_THETA)
-    if isinstance(parameters, dict) and "rope_theta" in parameters:
-        theta = parameters["rope_theta"]
-    if scaling is None:
+def _declares(hf: Any, field: str) -> bool:
+    """Whether the model type's config class has ``field`` (a key it does not declare is kept but never read)."""
+    return field in inspect.signature(type(hf).__init__).parameters
+
+
+def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
+    """What the trainer does not implement, as transformers reads the config (windows, RoPE, activation)."""
+    problems = []
+    layer_types = getattr(hf, "layer_types", None) if _declares(hf, "layer_types") else None
+    if isinstance(layer_types, list):
+        if any(kind != "full_attention" for kind in layer_types):
+            key = "use_sliding_window" if _declares(hf, "use_sliding_window") else "layer_types"
+            problems.append(_refusal(key, "sliding-window attention is not supported by the trainer"))
+    elif _declares(hf, "sliding_window") and _present(getattr(hf, "sliding_window", None)):
+        problems.append(_refusal("sliding_window", f"sliding-window attention ({hf.sliding_window} tokens, as "
+                                 f"transformers' {type(hf).__name__} reads it) is not supported by the trainer"))
+    rope = getattr(hf, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", "default")
+    if kind not in ("default", "llama3"):
+        problems.append(_refusal("rope_parameters", f"rope_type {printable(repr(kind))[:40]} is not supported "
+                                 "(Llama 3 scaling only)"))
+    factor = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
+    if factor not in (None, 1, 1.0):
+        problems.append(_refusal("partial_rotary_factor", f"{printable(repr(factor))[:40]}: rotary embeddings on "
+                                 "part of each head are not supported"))
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        shown = printable(repr(hf.hidden_act))[:60]
+        problems.append(_refusal("hidden_act", f"{shown} is not supported (SwiGLU with silu only)"))
+    for key, why in (("mlp_bias", "MLP biases are not supported"),
+                     ("attention_dropout", "attention dropout is not supported; the trainer trains without dropout"),
+                     ("clip_qkv", "clipping q/k/v is not supported"),
+                     ("use_mrope", "multimodal rotary embeddings are not supported")):
+        if _declares(hf, key) and _present(getattr(hf, key, None)):
+            problems.append(_refusal(key, why))
+    return problems
+
+
+def _rope(hf: Any) -> tuple[Any, Any]:
+    """(rope_theta, rope_scaling fields or None) of transformers' ``rope_parameters``."""
+    rope = getattr(hf, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta")
+    if rope.get("rope_type", "default") == "default":
         return theta, None
-    if not isinstance(scaling, dict):
-        raise _refuse(key, f"expected an object or null, got {printable(repr(scaling))[:60]}")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise _refuse(key, f"rope_type {printable(repr(kind))[:40]} is not supported (Llama 3 scaling only)")
-    fields = {name: scaling.get(name) for name in RopeScaling.model_fields if name != "rope_type"}
-    return theta, fields
+    return theta, {name: rope.get(name) for name in RopeScaling.model_fields if name != "rope_type"}
 
 
 def architecture_from_config(config: Any) -> ModelArchitecture:
-    """The architecture a ``config.json`` describes; :class:`BtkError` naming the key on anything else."""
+    """The architecture a ``config.json`` describes, read by transformers' config class for its ``model_type``.
+
+    Every default (a key the file leaves out) is that class's: Qwen3's ``head_dim`` 128, Mistral's 8 key/value
+    heads and 4,096-token window. Every reason the trainer cannot take the model is named at once, in one line
+    (:class:`BtkError`).
+    """
     if not isinstance(config, dict):
         raise BtkError(f"config.json: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise _refuse("model_type", "missing or not a string; a Hugging Face config.json names its model_type")
-    _check_features(config, model_type)
-    for key in REQUIRED_KEYS:
-        if key not in config:
-            raise _refuse(key, "missing")
-    theta, scaling = _rope(config, model_type)
-    bias = config.get("attention_bias", False)
+    problems = _unsupported_keys(config, model_type)
+    problems += [_refusal(key, "missing") for key in REQUIRED_KEYS if key not in config]
+    depth = _depth_problem(config.get("num_hidden_layers"))
+    if depth is not None:  # config classes build a list per layer: a depth past the bound is not handed over
+        raise _refusals([*problems, depth])
+    hf = _transformers_config(config, model_type)  # any model type transformers knows, to name every reason
+    if hf is not None:
+        problems += _unsupported_readings(hf, model_type)
+    if problems or hf is None:
+        raise _refusals(problems)
+    theta, scaling = _rope(hf)
+    bias = bool(getattr(hf, "attention_bias", False)) if _declares(hf, "attention_bias") else False
     values: dict[str, Any] = {
-        "num_layers": config["num_hidden_layers"],
-        "hidden_size": config["hidden_size"],
-        "num_attention_heads": config["num_attention_heads"],
-        "num_kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"],
-        "ffn_hidden_size": config["intermediate_size"],
-        "vocab_size": config["vocab_size"],
-        "max_context": config["max_position_embeddings"],
-        "tied_embeddings": config.get("tie_word_embeddings", False),
+        "num_layers": hf.num_hidden_layers,
+        "hidden_size": hf.hidden_size,
+        "num_attention_heads": hf.num_attention_heads,
+        "num_kv_heads": getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        "ffn_hidden_size": hf.intermediate_size,
+        "vocab_size": hf.vocab_size,
+        "max_context": hf.max_position_embeddings,
+        "tied_embeddings": hf.tie_word_embeddings,
         "rope_theta": theta,
         "rope_scaling": scaling,
-        "rms_norm_eps": config.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS[model_type]),
-        "head_dim": config.get("head_dim"),
-        # Qwen2 builds q/k/v biases in and no output bias; the others put attention_bias on all four.
+        "rms_norm_eps": hf.rms_norm_eps,
+        "head_dim": getattr(hf, "head_dim", None) if _declares(hf, "head_dim") else None,
+        # The modelling code's structure (not a default): Qwen2 builds q/k/v biases and no output bias whatever
+        # the config says; the others put attention_bias on all four, where their config class declares it.
         "attention_bias": True if model_type == "qwen2" else bias,
         "attention_output_bias": False if model_type == "qwen2" else bias,
         "qk_norm": {"qwen3": "head", "olmo2": "projection"}.get(model_type, "none"),
         "norm_placement": "post" if model_type == "olmo2" else "pre",
     }
+    if values["num_kv_heads"] == 0 or getattr(hf, "num_key_value_heads", 1) == 0:
+        raise _refuse("num_key_value_heads", "0: a model has at least one key/value head")
     try:
         # Strict: a JSON true is not 1 layer, a string is not a number.
         return ModelArchitecture.model_validate(values, strict=True)
     except ValidationError as error:
         raise BtkError(_config_error(error)) from None
+
+
+def _depth_problem(layers: Any) -> str | None:
+    """``num_hidden_layers`` outside the whole numbers :class:`ModelArchitecture` takes (absent: already said)."""
+    bounds = {type(item).__name__: item for item in ModelArchitecture.model_fields["num_layers"].metadata}
+    low, high = bounds["Ge"].ge, bounds["Le"].le
+    if layers is None or (isinstance(layers, int) and not isinstance(layers, bool) and low <= layers <= high):
+        return None
+    return _refusal("num_hidden_layers", f"{printable(repr(layers))[:40]}: a whole number from {low} to {high}")
+
+
+def _refusals(problems: list[str]) -> BtkError:
+    """Every reason at once, in one line."""
+    return BtkError(printable("config.json: " + "; ".join(problems)))
 
 
 def _config_error(error: ValidationError) -> str:

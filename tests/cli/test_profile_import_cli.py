@@ -68,8 +68,9 @@ def test_unsupported_configs_are_one_line_naming_the_field(
 ) -> None:
     code, out, err = run(capsys, "profile", "import", str(CONFIGS / config), "--name", "refused")
     assert code == 2 and out == ""
-    assert err == f"btk: error: {CONFIGS / config}: {field}: {err.split(f'{field}: ', 1)[1]}"
-    assert "not supported" in err and err.count("\n") == 1
+    reasons = err.removeprefix(f"btk: error: {CONFIGS / config}: ").split("; ")
+    assert any(reason.startswith(f"{field}: ") and "not supported" in reason for reason in reasons), err
+    assert err.startswith("btk: error: ") and err.count("\n") == 1
 
 
 def test_a_name_profiles_already_has_is_refused_naming_its_module(

@@ -6,6 +6,7 @@ the expectations here are read from that table, so the test and the cited figure
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -57,7 +58,9 @@ def test_unsupported_models_are_refused_naming_the_field(name: str) -> None:
     with pytest.raises(BtkError) as refused:
         architecture_from_config(_config(name))
     message = str(refused.value)
-    assert message.startswith(f"config.json: {field}: ") and "not supported" in message and "\n" not in message
+    assert message.startswith("config.json: ") and "\n" not in message
+    reasons = message.removeprefix("config.json: ").split("; ")
+    assert any(reason.startswith(f"{field}: ") and "not supported" in reason for reason in reasons), message
 
 
 def test_the_new_fields_come_from_the_families_that_need_them() -> None:
@@ -120,3 +123,62 @@ def test_a_published_count_that_differs_is_refused_at_load() -> None:
     values = profile.model_dump() | {"published_parameter_count": profile.parameter_count + 1}
     with pytest.raises(ValueError, match=r"published_parameter_count \(8,190,735,361\) differs"):
         ModelProfile.model_validate(values)
+
+
+def _transformers(config: dict[str, Any]) -> Any:
+    """transformers' own reading of ``config``: the external truth the importer must agree with."""
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[config["model_type"]](**copy.deepcopy(config))
+
+
+def _without(config: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key not in keys}
+
+
+def test_a_key_left_out_takes_the_model_types_default_not_the_kits() -> None:
+    """Qwen3 without head_dim is 128 wide in transformers (not hidden / heads: 4,096 / 32 = 128 here, so the 4B's
+    2,560 / 32 = 80 shows it); Mistral without num_key_value_heads has 8 (not one per query head)."""
+    qwen = _without(_config("qwen3-4b.json"), "head_dim")
+    assert _transformers(qwen).head_dim != qwen["hidden_size"] // qwen["num_attention_heads"]
+    assert architecture_from_config(qwen).head_dim == _transformers(qwen).head_dim
+    mistral = _without(_config("mistral-7b-v0.3.json"), "num_key_value_heads")
+    assert architecture_from_config(mistral).num_kv_heads == _transformers(mistral).num_key_value_heads
+
+
+def test_mistral_without_a_window_key_has_transformers_window_and_is_refused() -> None:
+    mistral = _without(_config("mistral-7b-v0.3.json"), "sliding_window")
+    window = _transformers(mistral).sliding_window
+    with pytest.raises(BtkError, match=rf"^config.json: sliding_window: sliding-window attention \({window} tokens"):
+        architecture_from_config(mistral)
+
+
+def test_a_field_the_model_type_never_reads_changes_nothing() -> None:
+    """transformers' Mistral builds no attention biases whatever the config says (its class has no such field)."""
+    mistral = _config("mistral-7b-v0.3.json")
+    assert architecture_from_config({**mistral, "attention_bias": True}) == architecture_from_config(mistral)
+
+
+def test_fields_that_change_the_math_are_read_as_transformers_reads_them() -> None:
+    llama = _config("llama-3.1-8b.json")
+    with pytest.raises(BtkError, match=r"partial_rotary_factor: 0.5: rotary embeddings on part of each head"):
+        architecture_from_config({**llama, "partial_rotary_factor": 0.5})
+    both = {**llama, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    applied = _transformers(both).rope_parameters["rope_type"]
+    with pytest.raises(BtkError, match=rf"rope_type '{applied}' is not supported"):
+        architecture_from_config(both)
+    with pytest.raises(BtkError, match=r"num_key_value_heads: 0"):
+        architecture_from_config({**llama, "num_key_value_heads": 0})
+    qwen = _without(_config("qwen2.5-7b.json"), "use_sliding_window")
+    assert all(kind == "full_attention" for kind in _transformers(qwen).layer_types)
+    architecture_from_config(qwen)  # a window given, never switched on: full attention, as transformers has it
+
+
+def test_every_reason_is_named_at_once() -> None:
+    config = {**_config("llama-3.1-8b.json"), "num_experts": 8, "hidden_act": "gelu", "partial_rotary_factor": 0.5}
+    with pytest.raises(BtkError) as refused:
+        architecture_from_config(config)
+    reasons = str(refused.value).removeprefix("config.json: ").split("; ")
+    assert {reason.split(":", 1)[0] for reason in reasons} == {"num_experts", "hidden_act", "partial_rotary_factor"}
+    assert "\n" not in str(refused.value)
