@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,17 +111,21 @@ def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
     """The config as transformers' own config class for ``model_type`` reads it (its defaults, its aliases, its
     validation), None for a model type transformers does not know; :class:`BtkError` when transformers is
     missing or its class refuses the file."""
-    logging.getLogger("transformers").setLevel(logging.ERROR)  # its notes on unused keys are not our output
     try:
         from transformers import CONFIG_MAPPING
     except ImportError:
         raise BtkError("btk profile import reads configs with transformers, which is not installed: "
                        f"pip install transformers=={TRANSFORMERS_PIN} (make setup installs it)") from None
+    # After the import, which sets its library logger's level: its notes on keys it keeps unread (a model type's
+    # config class given another type's keys) speak to code that writes configs, not to this command's user.
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     if model_type not in CONFIG_MAPPING:
         return None
     config_class = CONFIG_MAPPING[model_type]
     try:
-        return config_class(**copy.deepcopy(dict(config)))  # the class edits nested values in place
+        with warnings.catch_warnings():  # its deprecation notes (rope_scaling) speak to code writing configs
+            warnings.simplefilter("ignore")
+            return config_class(**copy.deepcopy(dict(config)))  # the class edits nested values in place
     except Exception as error:  # transformers' validation of the user's file: whatever it raises is its refusal
         said = " ".join(str(error).split())[:240]
         raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said}")) from None

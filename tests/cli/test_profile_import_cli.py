@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,15 @@ def test_a_name_profiles_already_has_is_refused_naming_its_module(
     if len(modules) == 1:
         assert f"defined in profiles/{modules[0].name};" in err
     assert not target.exists()
+
+
+def test_transformers_notes_on_old_keys_are_not_printed(tmp_path: Path) -> None:
+    """A config with transformers 4's rope_scaling, of a model type refused: the refusal is all stderr holds
+    (transformers' FutureWarning about the key speaks to code that writes configs)."""
+    config = {**json.loads((CONFIGS / "llama-3.1-8b.json").read_text()), "model_type": "gpt2"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, "-m", "btk.cli", "profile", "import", str(path), "--name", "x-test"],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("btk: error: ") and done.stderr.count("\n") == 1, done.stderr
