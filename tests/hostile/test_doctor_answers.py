@@ -32,7 +32,7 @@ import pytest
 from aws_answers import CORRUPTIONS, Generated, answers
 from cli_fixtures import ENVIRONMENTS, ON_DEMAND_ENV, PROFILE, RESERVE_ENV, btk
 from example_budget import capped
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from btk import catalog
@@ -144,6 +144,19 @@ def doctor_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
     return run
 
 
+#: Members botocore's own handlers deliver decoded (botocore.handlers.json_decode_template_body parses a JSON
+#: template body): an object there is what a caller gets for a JSON body, inside the shape as delivered.
+DELIVERED_DECODED = {("cloudformation", "get_template"): "TemplateBody"}
+
+
+def outside(service: str, operation: str, generated: Generated) -> bool:
+    """Whether the answer is outside its documented shape as botocore delivers it to btk."""
+    member = DELIVERED_DECODED.get((service, operation))
+    if member is not None and isinstance(generated.value, dict) and isinstance(generated.value.get(member), dict):
+        return False
+    return generated.outside
+
+
 def check_outcome(account: GeneratedAccount, outcome: Any) -> None:
     """The properties of the module docstring, for one run."""
     text = outcome.out + outcome.err
@@ -152,7 +165,8 @@ def check_outcome(account: GeneratedAccount, outcome: Any) -> None:
         assert outcome.out == "" and outcome.err.count("\n") == 1 and outcome.err.startswith("btk"), outcome
     else:
         assert outcome.err == "" and outcome.out.strip(), outcome
-    bad = [(service, operation, generated) for service, operation, generated in account.served if generated.outside]
+    bad = [(service, operation, generated) for service, operation, generated in account.served
+           if outside(service, operation, generated)]
     for service, operation, generated in bad:
         named = f"{account.action(service, operation)} answered outside its documented shape"
         assert named in text, (generated.corruption, text)
@@ -162,8 +176,10 @@ def check_outcome(account: GeneratedAccount, outcome: Any) -> None:
 
 
 def run_many(test: Callable[..., None], examples: int) -> None:
+    """``test`` on ``examples`` generated cases, unshrunk: a case draws a dozen answers and reruns the doctor,
+    so shrinking takes minutes; the report lists every answer the failing case drew."""
     settings(
-        max_examples=capped(examples), deadline=None, database=None,
+        max_examples=capped(examples), deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
     )(test)()  # fmt: skip
 
