@@ -27,6 +27,7 @@ MOTO_SERVER = Path(sys.executable).parent / "moto_server"
 #: Every AWS credential and endpoint variable a developer's shell may hold, dropped first.
 AWS_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                  "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+JSII_SILENCE = "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,12 @@ def moto_server(workdir: Path, region: str = "us-east-1") -> Iterator[Emulator]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(f"moto_server did not start:\n{log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        env = {key: value for key, value in os.environ.items() if key not in AWS_VARIABLES}
+        # Without jsii's Node 20 switch, as a user's shell runs the documented commands: cdk.json's app and btk
+        # must keep jsii's end-of-life banner out of what they print themselves.
+        env = {key: value for key, value in os.environ.items() if key not in AWS_VARIABLES and key != JSII_SILENCE}
         env.update({
             "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-            "CDK_DISABLE_VERSION_CHECK": "1",
+            "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "CDK_DISABLE_VERSION_CHECK": "1",
         })
         yield Emulator(endpoint=endpoint, env=env, log=log, recording=recording)
     finally:

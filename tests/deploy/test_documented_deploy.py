@@ -368,6 +368,13 @@ def test_the_documented_commands_printed_what_they_ran(account: Account) -> None
     assert "CiAccessStack" in account.outputs["ci access"]
 
 
+def test_the_documented_commands_print_no_jsii_banner(account: Account) -> None:
+    """Run from a shell without jsii's Node 20 switch (cdk.json's app sets it for the synth), no command
+    printed jsii's end-of-life banner, which reaches the terminal as Python bytes literals."""
+    for name, output in account.outputs.items():
+        assert "end-of-life" not in output.lower() and not re.search(r"\bb'", output), f"{name}: {output[:2000]}"
+
+
 def test_each_environments_deploy_reaches_its_change_set_through_its_own_bootstrap(account: Account) -> None:
     """The CLI published the assets through the file-publishing role and created the change set as the
     deploy role, with the execution role: what the emulator holds afterwards says so."""

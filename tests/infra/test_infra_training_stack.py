@@ -466,14 +466,17 @@ CREDENTIAL_VARIABLES = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_K
 
 
 def _synth_process(outdir: Path, env_name: str) -> subprocess.CompletedProcess[str]:
-    """app.py as the CDK CLI runs it, with no AWS credentials and Python's network cut."""
+    """app.py as the CDK CLI runs it (cdk.json's context and ``-c env=``), with no AWS credentials and
+    Python's network cut."""
+    from app import project_context
+
     guard = outdir.parent / "no-network"
     guard.mkdir(exist_ok=True)
     (guard / "sitecustomize.py").write_text(NO_NETWORK)
     env = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_VARIABLES}
     env.update({
         "CDK_OUTDIR": str(outdir),
-        "CDK_CONTEXT_JSON": json.dumps({"env": env_name}),
+        "CDK_CONTEXT_JSON": json.dumps({**project_context(), "env": env_name}),
         "PYTHONPATH": str(guard),
         "AWS_CONFIG_FILE": str(guard / "absent-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(guard / "absent-credentials"),
@@ -493,13 +496,14 @@ def test_network_guard_refuses_connections(tmp_path: Path) -> None:
     assert "network call during synth" in result.stderr
 
 
-def test_two_synths_are_byte_identical(tmp_path: Path) -> None:
-    """Two offline synths (no credentials, no network) of an environment give the same bytes."""
-    first, second = tmp_path / "a", tmp_path / "b"
-    for outdir in (first, second):
-        result = _synth_process(outdir, next(iter(ENVS)))
-        assert result.returncode == 0, result.stderr[-2000:]
+def test_two_synths_are_byte_identical(tmp_path: Path, synths: dict[str, Synth]) -> None:
+    """An offline synth (no credentials, no network, its own process and hash seed) gives the same bytes as
+    the session's synth of the same environment."""
+    env_name = next(iter(ENVS))
+    offline, shared = tmp_path / "offline", synths[env_name].outdir
+    result = _synth_process(offline, env_name)
+    assert result.returncode == 0, result.stderr[-2000:]
     for name in ("TrainingStack.template.json", "TrainingStack.assets.json"):
-        a, b = (first / name).read_text().splitlines(), (second / name).read_text().splitlines()
+        a, b = (offline / name).read_text().splitlines(), (shared / name).read_text().splitlines()
         differing = [(x, y) for x, y in zip(a, b, strict=False) if x != y][:3]
-        assert (first / name).read_bytes() == (second / name).read_bytes(), f"{name}: {differing}"
+        assert (offline / name).read_bytes() == (shared / name).read_bytes(), f"{name}: {differing}"
