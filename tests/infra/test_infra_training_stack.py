@@ -496,6 +496,7 @@ def test_network_guard_refuses_connections(tmp_path: Path) -> None:
     assert "network call during synth" in result.stderr
 
 
+@pytest.mark.slow  # the synth's determinism, whatever environments.py holds: not re-run on another user's config
 def test_two_synths_are_byte_identical(tmp_path: Path, synths: dict[str, Synth]) -> None:
     """An offline synth (no credentials, no network, its own process and hash seed) gives the same bytes as
     the session's synth of the same environment."""
