@@ -70,6 +70,8 @@ class Account:
     calls: list[RecordedCall]
     callers: dict[str, str]
     """Who each access key of the recorded calls is (an ARN)."""
+    torn_down_stack_id: str
+    """The id of the stack the first deploy of :data:`TORN_DOWN` created, before the destroy."""
 
 
 def code_blocks(doc: str, heading: str) -> list[str]:
@@ -125,10 +127,23 @@ def documented_doctor(env_name: str) -> list[str]:
     return [".venv/bin/btk", *words[1:], "--lookup-role"]
 
 
+def documented_destroy(env_name: str) -> list[str]:
+    """docs/deploy.md's ``cdk destroy TrainingStack`` for ``env_name`` (``--force``: no question to answer)."""
+    (command,) = [c for c in code_blocks("deploy.md", "## 5. Tear down") if c.startswith("npx cdk destroy")]
+    words = [f"env={env_name}" if word.startswith("env=") else word.replace("123456789012", ACCOUNT)
+             for word in command.split("#")[0].split()]
+    return ["node_modules/.bin/cdk", *words[2:], "--force", "--no-notices"]
+
+
+#: The environment torn down and deployed again after the first deploys.
+TORN_DOWN = next(iter(ENVS))
+
+
 @pytest.fixture(scope="module")
 def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
     """An empty emulated account after docs/ci.md's steps 1 and 2 and docs/deploy.md's step 3 (the doctor,
-    then the deploy), run as written (``--yes`` and ``--require-approval never`` answer the CLI's questions)."""
+    then the deploy), run as written (``--yes`` and ``--require-approval never`` answer the CLI's questions),
+    then docs/deploy.md's step 5 and step 3 again for one environment."""
     workdir: Path = tmp_path_factory.mktemp("emulated-account")
     with moto_server(workdir, REGION) as emulator:
         outputs: dict[str, str] = {}
@@ -140,10 +155,14 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
         for name in ENVS:
             outputs[f"doctor {name}"] = emulator.run(documented_doctor(name), allowed_exits=(0, 1))
             outputs[f"deploy {name}"] = emulator.run(documented_deploy(name))
+        cloudformation = emulator.client("cloudformation", REGION)
+        first_stack_id = cloudformation.describe_stacks(StackName=ENVS[TORN_DOWN].stack_name)["Stacks"][0]["StackId"]
+        outputs["destroy"] = emulator.run(documented_destroy(TORN_DOWN))
+        outputs["deploy again"] = emulator.run(documented_deploy(TORN_DOWN))
         roles = read_roles(emulator, "", named)
         calls = recorded_calls(emulator)
         callers = {key: caller_arn(emulator, key) for key in {call.access_key for call in calls}}
-        yield Account(emulator, roles, outputs, calls, callers)
+        yield Account(emulator, roles, outputs, calls, callers, first_stack_id)
 
 
 def bootstrap_role(env_name: str, kind: str) -> str:
@@ -375,14 +394,32 @@ def test_the_documented_commands_print_no_jsii_banner(account: Account) -> None:
         assert "end-of-life" not in output.lower() and not re.search(r"\bb'", output), f"{name}: {output[:2000]}"
 
 
+def test_the_destroy_deletes_the_stack_and_the_deploy_after_it_creates_it_anew(account: Account) -> None:
+    """docs/deploy.md's step 5 deleted the environment's stack (through its deploy role: the call check below
+    covers the destroy's calls too), and step 3 after it created a new stack with its change set."""
+    cloudformation = account.emulator.client("cloudformation", REGION)
+    stack_name = ENVS[TORN_DOWN].stack_name
+    assert f"({stack_name}): destroyed" in account.outputs["destroy"], account.outputs["destroy"][-2000:]
+    first = account.torn_down_stack_id
+    assert cloudformation.describe_stacks(StackName=first)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
+    (again,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    assert again["StackId"] != first and again["StackStatus"] == "REVIEW_IN_PROGRESS"
+    assert "created and waiting in review for manual execution" in account.outputs["deploy again"]
+    deleted_as = {account.callers[call.access_key].split(":assumed-role/")[-1].split("/")[0]
+                  for call in account.calls if (call.service, call.operation) == ("cloudformation", "DeleteStack")}
+    assert deleted_as == {bootstrap_role(TORN_DOWN, "deploy")}
+
+
 def test_each_environments_deploy_reaches_its_change_set_through_its_own_bootstrap(account: Account) -> None:
     """The CLI published the assets through the file-publishing role and created the change set as the
     deploy role, with the execution role: what the emulator holds afterwards says so."""
     cloudformation = account.emulator.client("cloudformation", REGION)
     for name, env in ENVS.items():
         assert "created and waiting in review for manual execution" in account.outputs[f"deploy {name}"]
+        (stack,) = cloudformation.describe_stacks(StackName=env.stack_name)["Stacks"]
         summaries = cloudformation.list_change_sets(StackName=env.stack_name)["Summaries"]
-        (summary,) = [item for item in summaries if item["StackName"] == env.stack_name]  # moto lists them all
+        # moto lists every stack's change sets, a deleted stack's of the same name included.
+        (summary,) = [item for item in summaries if item["StackId"] == stack["StackId"]]
         change_set = cloudformation.describe_change_set(StackName=env.stack_name,
                                                         ChangeSetName=summary["ChangeSetName"])
         assert change_set["Status"] == "CREATE_COMPLETE"
