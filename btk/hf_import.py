@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import re
+import textwrap
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -310,14 +311,20 @@ def _architecture_source(arch: ModelArchitecture) -> str:
     return f"ModelArchitecture(\n{_arguments(values, ' ' * 8)}    )"
 
 
+def _wrapped(text: str, width: int = 100) -> str:
+    """``text`` as docstring lines of at most ``width`` characters, after an empty line."""
+    return "\n" + "\n".join(textwrap.wrap(text, width)) + "\n"
+
+
 def variable_name(profile_name: str) -> str:
     """The module-level name of a profile: ``qwen3-8b`` -> ``QWEN3_8B``."""
     name = re.sub(r"[^A-Z0-9]+", "_", profile_name.upper()).strip("_")
     return name if name[:1].isalpha() else f"PROFILE_{name}"
 
 
-def profile_module(profile: ModelProfile) -> str:
-    """Python source of a profiles/ module holding ``profile`` (what ``btk profile import`` prints)."""
+def profile_module(profile: ModelProfile, proof: str | None = None) -> str:
+    """Python source of a profiles/ module holding ``profile`` (what ``btk profile import`` prints), with the
+    import's proof on transformers' model (:mod:`btk.hf_proof`) in its docstring when given."""
     variable = variable_name(profile.name)
     arch = profile.architecture
     imports = ["ModelArchitecture", "ModelProfile", "TrainingIntent"] + (["RopeScaling"] if arch.rope_scaling else [])
@@ -328,7 +335,9 @@ def profile_module(profile: ModelProfile) -> str:
         "\n"
         "The architecture and its parameter count come from the config; the training intent is a\n"
         "starting point to edit. Save this module in profiles/ and list it in FAMILY_MODULES\n"
-        '(profiles/__init__.py), or move the profile into a family module\'s PROFILES tuple.\n"""\n'
+        '(profiles/__init__.py), or move the profile into a family module\'s PROFILES tuple.\n'
+        f"{_wrapped(proof[:1].upper() + proof[1:] + '.') if proof else ''}"
+        '"""\n'
         "\n"
         "from __future__ import annotations\n"
         "\n"

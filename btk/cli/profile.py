@@ -52,6 +52,7 @@ def config_path(path: Path) -> Path:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from btk.hf_import import profile_from_config, profile_module
+    from btk.hf_proof import prove_import
     from btk.jsonfile import read_json_file
 
     path = config_path(args.config)
@@ -63,17 +64,19 @@ def cmd_import(args: argparse.Namespace) -> int:
     if path.exists() and not path.is_file():  # a device (/dev/zero) would be read without end
         raise BtkError(f"{where}: not a regular file; give a config.json")
     try:
-        profile = profile_from_config(read_json_file(path, where), args.name)
+        config = read_json_file(path, where)
+        profile = profile_from_config(config, args.name)
+        proof = prove_import(config, profile.architecture)
     except BtkError as error:  # name the file the user gave, not a generic config.json
         message = str(error)
         if message.startswith(f"{CONFIG_FILE}: "):
             message = where + message.removeprefix(CONFIG_FILE)
         raise BtkError(message) from None
     if args.output_format == JSON:
-        text = json.dumps(profile.model_dump(mode="json") | {"parameter_count": profile.parameter_count}, indent=2)
-        text += "\n"
+        extra = {"parameter_count": profile.parameter_count, "proof": proof.as_json()}
+        text = json.dumps(profile.model_dump(mode="json") | extra, indent=2) + "\n"
     else:
-        text = profile_module(profile)
+        text = profile_module(profile, proof=proof.summary())
     if target is None:
         print(text, end="")
         return 0

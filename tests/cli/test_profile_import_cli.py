@@ -40,6 +40,9 @@ def test_json_is_the_profile_with_its_parameter_count(capsys: pytest.CaptureFixt
     printed = json.loads(out)
     assert printed["parameter_count"] == 12_247_782_400
     printed.pop("parameter_count")
+    proof = printed.pop("proof")  # checked on transformers' model of the same config
+    assert proof["model_class"] == "MistralForCausalLM" and proof["parameter_count"] == 12_247_782_400
+    assert proof["max_logit_gap"] <= proof["logits_tolerance"]["atol"]
     expected = profile_from_config(json.loads(NEMO.read_text()), "mistral-nemo-12b")
     assert ModelProfile.model_validate(printed) == expected
 
@@ -107,3 +110,23 @@ def test_transformers_notes_on_old_keys_are_not_printed(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("btk: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_an_import_transformers_model_disagrees_with_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proof on transformers' model runs in the command: a failing one (here: a trainer model whose norms
+    use another epsilon) refuses the import in one line naming the file, and prints no module."""
+    from types import SimpleNamespace
+
+    import btk.hf_proof
+
+    trainer_model = btk.hf_proof._trainer_model
+
+    def skewed() -> Any:
+        decoder = trainer_model().Decoder
+        return SimpleNamespace(Decoder=lambda arch: decoder(arch.model_copy(update={"rms_norm_eps": 0.5})))
+
+    monkeypatch.setattr(btk.hf_proof, "_trainer_model", skewed)
+    code, out, err = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"{NEMO}: on a 2-layer copy with the same weights" in err
