@@ -75,6 +75,11 @@ DEFAULT_GLOBAL_BATCH_TOKENS = 4_194_304
 DEFAULT_TOTAL_TOKENS = 100_000_000_000
 """Token budget an imported profile starts with (100B): edit it to the team's."""
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+"""A sharded checkpoint's index beside ``config.json``: its ``metadata.total_size`` gives the published count."""
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
 _HF_MODEL_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -258,8 +263,30 @@ def _config_error(error: ValidationError) -> str:
     return printable("config.json: " + "; ".join(parts))
 
 
-def profile_from_config(config: Any, name: str) -> ModelProfile:
-    """A profile of the ``config.json``'s model: its architecture, its parameter count, a training intent to edit."""
+def published_count_from_index(index: Any, config: Mapping[str, Any]) -> int:
+    """The parameter count a checkpoint's ``model.safetensors.index.json`` gives: ``metadata.total_size`` (the bytes
+    of every tensor it stores, a tied head once) over the bytes per parameter of the config's ``dtype``."""
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        raise BtkError(f"{SAFETENSORS_INDEX}: metadata.total_size: expected the checkpoint's size, a positive whole "
+                       f"number of bytes; got {printable(repr(total))[:40]}")
+    key = "dtype" if "dtype" in config else "torch_dtype"
+    dtype = config.get(key)
+    if dtype not in _DTYPE_BYTES:
+        raise BtkError(printable(f"config.json: {key}: {repr(dtype)[:40]} does not give the bytes per parameter that "
+                                 f"{SAFETENSORS_INDEX}'s total_size is counted in; expected one of "
+                                 f"{', '.join(_DTYPE_BYTES)}"))
+    if total % _DTYPE_BYTES[dtype]:
+        raise BtkError(f"{SAFETENSORS_INDEX}: metadata.total_size: {total:,} bytes is not a whole number of {dtype} "
+                       "parameters")
+    return total // _DTYPE_BYTES[dtype]
+
+
+def profile_from_config(config: Any, name: str, published: int | None = None) -> ModelProfile:
+    """A profile of the ``config.json``'s model: its architecture, a training intent to edit, and ``published``
+    (the count the checkpoint's index gives: :func:`published_count_from_index`) as its published count, which
+    the architecture must give; without one the count is unverified (``published_parameter_count`` None)."""
     if not PROFILE_NAME.fullmatch(name):
         raise BtkError(f"--name {printable(repr(name))}: a profile name is a lower-case slug of 2-63 characters "
                        "(letters, digits, '.', '-')")
@@ -267,6 +294,10 @@ def profile_from_config(config: Any, name: str) -> ModelProfile:
     seq_len = min(DEFAULT_SEQ_LEN, arch.max_context, MAX_SEQ_LEN)
     if seq_len < 16:
         raise _refuse("max_position_embeddings", f"{arch.max_context} leaves no room to train (16 tokens at least)")
+    if published is not None and published != arch.parameter_count:
+        raise BtkError(f"{SAFETENSORS_INDEX}: the checkpoint holds {published:,} parameters, the config's "
+                       f"architecture {arch.parameter_count:,} ({arch.parameter_count - published:+,}): the config is "
+                       "not the checkpoint's, or the trainer reads it differently")
     model_id = config.get("_name_or_path")
     hf_id = model_id if isinstance(model_id, str) and _HF_MODEL_ID.fullmatch(model_id) else None
     return ModelProfile(
@@ -275,7 +306,7 @@ def profile_from_config(config: Any, name: str) -> ModelProfile:
         architecture=arch,
         training=TrainingIntent(seq_len=seq_len, global_batch_tokens=max(DEFAULT_GLOBAL_BATCH_TOKENS, seq_len),
                                 total_tokens=DEFAULT_TOTAL_TOKENS),
-        published_parameter_count=arch.parameter_count,
+        published_parameter_count=published,
         source=f"huggingface.co/{hf_id} config.json" if hf_id else "a Hugging Face config.json",
         hf_model_id=hf_id,
     )
@@ -309,6 +340,17 @@ def _architecture_source(arch: ModelArchitecture) -> str:
         else:
             values[key] = _python(value)
     return f"ModelArchitecture(\n{_arguments(values, ' ' * 8)}    )"
+
+
+def _published_count_source(profile: ModelProfile) -> str:
+    """The ``published_parameter_count`` line of a generated module, with where the count comes from."""
+    if profile.published_parameter_count is None:
+        return ("    # Unverified: no model.safetensors.index.json was read beside config.json. Give the count\n"
+                "    # the model card or the checkpoint's index states: a profile whose architecture does not\n"
+                "    # give it is refused.\n"
+                "    published_parameter_count=None,\n")
+    return ("    # The checkpoint's model.safetensors.index.json (metadata.total_size): the architecture gives it.\n"
+            f"    published_parameter_count={_python(profile.published_parameter_count)},\n")
 
 
 def _wrapped(text: str, width: int = 100) -> str:
@@ -352,8 +394,7 @@ def profile_module(profile: ModelProfile, proof: str | None = None) -> str:
         f"        global_batch_tokens={_python(training.global_batch_tokens)},\n"
         f"        total_tokens={_python(training.total_tokens)},\n"
         "    ),\n"
-        "    # Counted from the config: check it against the count the model card or its safetensors index gives.\n"
-        f"    published_parameter_count={_python(profile.published_parameter_count)},\n"
+        f"{_published_count_source(profile)}"
         f"    source={_python(profile.source)},\n"
         f"{hf_id}"
         ")\n"

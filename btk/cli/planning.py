@@ -130,6 +130,7 @@ PROFILES_TABLE: Table[ModelProfile] = Table(
         Column("tied", lambda p: "yes" if p.architecture.tied_embeddings else "no", "right", 4),
         Column("seq", lambda p: str(p.training.seq_len), "right", 6),
         Column("batch tok", lambda p: f"{p.training.global_batch_tokens:,}", "right", 10),
+        Column("count", lambda p: "published" if p.published_parameter_count else "unverified", "left", 10),
     ],
     gap=" ",
     rule="header",
@@ -142,7 +143,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
     profiles = list(all_profiles().values())
     if args.output_format == JSON:
-        print_json([p.model_dump(mode="json") | {"parameter_count": p.parameter_count} for p in profiles])
+        print_json([p.model_dump(mode="json") | {"parameter_count": p.parameter_count,
+                                                  "parameter_count_verified": p.published_parameter_count is not None}
+                    for p in profiles])
         return 0
     print("\n".join(PROFILES_TABLE.text(profiles)))
     return 0

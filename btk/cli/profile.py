@@ -51,7 +51,7 @@ def config_path(path: Path) -> Path:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from btk.hf_import import profile_from_config, profile_module
+    from btk.hf_import import SAFETENSORS_INDEX, profile_from_config, profile_module, published_count_from_index
     from btk.hf_proof import prove_import
     from btk.jsonfile import read_json_file
 
@@ -63,14 +63,20 @@ def cmd_import(args: argparse.Namespace) -> int:
         _check_target(target)
     if path.exists() and not path.is_file():  # a device (/dev/zero) would be read without end
         raise BtkError(f"{where}: not a regular file; give a config.json")
+    index_path = path.parent / SAFETENSORS_INDEX
     try:
         config = read_json_file(path, where)
-        profile = profile_from_config(config, args.name)
+        published = None
+        if index_path.is_file():
+            index = read_json_file(index_path, printable(str(index_path)))
+            published = published_count_from_index(index, config) if isinstance(config, dict) else None
+        profile = profile_from_config(config, args.name, published)
         proof = prove_import(config, profile.architecture)
-    except BtkError as error:  # name the file the user gave, not a generic config.json
+    except BtkError as error:  # name the files the user gave, not a generic config.json
         message = str(error)
-        if message.startswith(f"{CONFIG_FILE}: "):
-            message = where + message.removeprefix(CONFIG_FILE)
+        for generic, given in ((CONFIG_FILE, where), (SAFETENSORS_INDEX, printable(str(index_path)))):
+            if message.startswith(f"{generic}: "):
+                message = given + message.removeprefix(generic)
         raise BtkError(message) from None
     if args.output_format == JSON:
         extra = {"parameter_count": profile.parameter_count, "proof": proof.as_json()}

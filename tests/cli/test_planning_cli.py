@@ -418,3 +418,20 @@ def test_an_environment_naming_a_profile_that_profiles_lacks_is_named_with_its_f
     assert (code, out) == (2, "")
     assert err.startswith("btk: error: environments.py: environment 'lost': profiles: unknown profile 'gpt-x'"), err
     assert err.endswith(": add it to profiles/ or remove it from the environment\n") and err.count("\n") == 1, err
+
+
+def test_profiles_says_which_counts_are_published(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile without a published count (an import with no checkpoint index) is listed as unverified."""
+    profiles = list(all_profiles().values())
+    unverified = profiles[0].model_copy(update={"name": "unverified-copy", "published_parameter_count": None})
+    verified = profiles[0].model_copy(update={"name": "verified-copy",
+                                              "published_parameter_count": profiles[0].parameter_count})
+    monkeypatch.setattr("btk.catalog.all_profiles", lambda: {p.name: p for p in (unverified, verified)})
+    code, out, _ = run(capsys, "profiles")
+    assert code == 0 and out.splitlines()[0].split()[-1] == "count"
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[2:]}
+    assert rows == {"unverified-copy": "unverified", "verified-copy": "published"}
+    code, out, _ = run(capsys, "profiles", "--format", "json")
+    assert {p["name"]: p["parameter_count_verified"] for p in json.loads(out)} == {"unverified-copy": False,
+                                                                                    "verified-copy": True}

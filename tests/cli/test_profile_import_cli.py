@@ -30,8 +30,23 @@ def test_prints_a_module_that_defines_the_profile(capsys: pytest.CaptureFixture[
     assert code == 0 and err == ""
     (profile,) = _load_module(out)["PROFILES"]
     assert profile.name == "mistral-nemo-12b" and profile.architecture.head_dim == 128
-    assert profile.parameter_count == profile.published_parameter_count == 12_247_782_400
-    assert "published_parameter_count=12_247_782_400" in out and "head_dim=128" in out
+    assert profile.parameter_count == 12_247_782_400 and profile.published_parameter_count is None
+    assert "# Unverified: no model.safetensors.index.json" in out and "head_dim=128" in out
+
+
+def test_a_checkpoint_index_beside_the_config_gives_the_published_count(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    """Mistral NeMo's published count (tests/hf_configs/SOURCES.md) as its index's total_size in bf16."""
+    shutil.copy(NEMO, tmp_path / "config.json")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2 * 12_247_782_400}}))
+    code, out, err = run(capsys, "profile", "import", str(tmp_path), "--name", "mistral-nemo-12b")
+    assert code == 0 and err == ""
+    (profile,) = _load_module(out)["PROFILES"]
+    assert profile.published_parameter_count == 12_247_782_400
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2 * 12_000_000_000}}))
+    code, out, err = run(capsys, "profile", "import", str(tmp_path / "config.json"), "--name", "mistral-nemo-12b")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"btk: error: {tmp_path}/model.safetensors.index.json: the checkpoint holds 12,000,000,000 ")
 
 
 def test_json_is_the_profile_with_its_parameter_count(capsys: pytest.CaptureFixture[str]) -> None:

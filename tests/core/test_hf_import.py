@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from btk.errors import BtkError
-from btk.hf_import import architecture_from_config, profile_from_config, profile_module, variable_name
+from btk.hf_import import (
+    architecture_from_config,
+    profile_from_config,
+    profile_module,
+    published_count_from_index,
+    variable_name,
+)
 from btk.profile import ModelProfile
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
@@ -49,7 +55,34 @@ def test_imported_parameter_count_is_the_published_one(name: str) -> None:
     published = int(SUPPORTED[name][1].replace(",", ""))
     profile = profile_from_config(_config(name), "imported")
     assert profile.parameter_count == published
-    assert profile.published_parameter_count == published
+    assert profile.published_parameter_count is None  # no checkpoint index read: the count is unverified
+    assert profile_from_config(_config(name), "imported", published).published_parameter_count == published
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_a_checkpoint_index_gives_the_published_count(name: str) -> None:
+    """An index whose total_size is the published count in the config's dtype (SOURCES.md's figure)."""
+    published = int(SUPPORTED[name][1].replace(",", ""))
+    config = _config(name)
+    dtype = config.get("dtype", config.get("torch_dtype"))
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    assert published_count_from_index({"metadata": {"total_size": published * size}}, config) == published
+    with pytest.raises(BtkError, match=rf"^model.safetensors.index.json: the checkpoint holds {published + 1:,} "):
+        profile_from_config(config, "imported", published + 1)
+
+
+@pytest.mark.parametrize("index", [{}, {"metadata": {}}, {"metadata": {"total_size": "16"}}, [],
+                                   {"metadata": {"total_size": True}}, {"metadata": {"total_size": -2}},
+                                   {"metadata": {"total_size": 3}}])
+def test_a_bad_index_is_one_line_naming_it(index: Any) -> None:
+    with pytest.raises(BtkError, match=r"^model.safetensors.index.json: metadata.total_size: ") as raised:
+        published_count_from_index(index, {"torch_dtype": "bfloat16"})
+    assert "\n" not in str(raised.value)
+
+
+def test_an_index_needs_the_configs_dtype() -> None:
+    with pytest.raises(BtkError, match=r"^config.json: torch_dtype: 'int4' does not give the bytes per parameter"):
+        published_count_from_index({"metadata": {"total_size": 16}}, {"torch_dtype": "int4"})
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
