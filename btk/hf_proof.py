@@ -119,8 +119,8 @@ def _first_difference(theirs: dict[str, tuple[int, ...]], ours: dict[str, tuple[
 def check_full_size(config: Mapping[str, Any], arch: ModelArchitecture) -> tuple[str, int]:
     """Parameters and count of transformers' model of ``config`` against the trainer's of ``arch`` (meta device);
     transformers' model class and count."""
+    torch, transformers = _torch_and_transformers()  # first: says in one line which of them is missing
     decoder = _trainer_model().Decoder
-    torch, transformers = _torch_and_transformers()
     with torch.device("meta"):
         theirs = _hf_model(transformers, config)
         ours = decoder(arch)

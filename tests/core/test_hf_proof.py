@@ -92,3 +92,15 @@ def test_different_math_shows_in_the_logits() -> None:
     small = architecture_from_config(small_config)
     with pytest.raises(BtkError, match=r"the trainer's logits differ from transformers' MistralForCausalLM by up to"):
         check_scaled_logits(small_config, small.model_copy(update={"rope_theta": small.rope_theta / 100}))
+
+
+@pytest.mark.parametrize("missing", ["torch", "transformers"])
+def test_a_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    """An install without the trainer's packages (`make synth` installs the CDK app's only)."""
+    import sys
+
+    config = SUPPORTED["llama"]
+    arch = architecture_from_config(config)
+    monkeypatch.setitem(sys.modules, missing, None)  # `import missing` raises ImportError
+    with pytest.raises(BtkError, match=rf"^btk profile import .*{missing}.* not installed"):
+        check_full_size(config, arch)
