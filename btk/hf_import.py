@@ -150,7 +150,7 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
         if any(kind != "full_attention" for kind in layer_types):
             key = "use_sliding_window" if _declares(hf, "use_sliding_window") else "layer_types"
             problems.append(_refusal(key, "sliding-window attention is not supported by the trainer"))
-    elif _declares(hf, "sliding_window") and _present(getattr(hf, "sliding_window", None)):
+    elif _declares(hf, "sliding_window") and getattr(hf, "sliding_window", None) is not None:  # 0 is a window
         problems.append(_refusal("sliding_window", f"sliding-window attention ({hf.sliding_window} tokens, as "
                                  f"transformers' {type(hf).__name__} reads it) is not supported by the trainer"))
     rope = getattr(hf, "rope_parameters", None) or {}

@@ -175,9 +175,13 @@ def check_scaled_logits(config: Mapping[str, Any], scaled_arch: ModelArchitectur
         raise BtkError(printable(f"config.json: the scaled copy's weights do not load into the trainer's model: "
                                  f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"))
     tokens = torch.randint(0, SCALED_VOCAB, PROBE_TOKENS, generator=generator)
-    with torch.no_grad(), _quiet():
-        expected = theirs(input_ids=tokens).logits
-        actual = ours.logits(tokens)
+    try:
+        with torch.no_grad(), _quiet():
+            expected = theirs(input_ids=tokens).logits
+            actual = ours.logits(tokens)
+    except Exception as error:  # either model refusing the config's shapes at run time: said in one line
+        said = " ".join(str(error).split())[:240]
+        raise BtkError(printable(f"config.json: a 2-layer copy of the model does not run: {said}")) from None
     gap = float((actual - expected).abs().max())
     if not torch.allclose(actual, expected, **LOGITS_TOLERANCE):
         raise BtkError(f"config.json: on a 2-layer copy with the same weights, the trainer's logits differ from "

@@ -215,3 +215,11 @@ def test_every_reason_is_named_at_once() -> None:
     reasons = str(refused.value).removeprefix("config.json: ").split("; ")
     assert {reason.split(":", 1)[0] for reason in reasons} == {"num_experts", "hidden_act", "partial_rotary_factor"}
     assert "\n" not in str(refused.value)
+
+
+def test_a_window_of_zero_tokens_is_a_window() -> None:
+    """transformers' Mistral masks with any sliding_window that is not None (0 included): refused, not read as off."""
+    config = _config("mistral-7b-v0.3.json")
+    assert config["sliding_window"] is None
+    with pytest.raises(BtkError, match=r"^config.json: sliding_window: sliding-window attention \(0 tokens"):
+        architecture_from_config({**config, "sliding_window": 0})
