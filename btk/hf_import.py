@@ -113,18 +113,29 @@ def _unsupported_keys(config: Mapping[str, Any], model_type: Any) -> list[str]:
     return problems
 
 
-def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
-    """The config as transformers' own config class for ``model_type`` reads it (its defaults, its aliases, its
-    validation), None for a model type transformers does not know; :class:`BtkError` when transformers is
-    missing or its class refuses the file."""
+def import_transformers() -> Any:
+    """The transformers package, its log quieted; :class:`BtkError` in one line when it is not installed."""
     try:
-        from transformers import CONFIG_MAPPING
+        import transformers
     except ImportError:
         raise BtkError("btk profile import reads configs with transformers, which is not installed: "
                        f"pip install transformers=={TRANSFORMERS_PIN} (make setup installs it)") from None
     # After the import, which sets its library logger's level: its notes on keys it keeps unread (a model type's
     # config class given another type's keys) speak to code that writes configs, not to this command's user.
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    return transformers
+
+
+def said(error: BaseException) -> str:
+    """What a third-party exception says, on one line and at most 240 characters."""
+    return " ".join(str(error).split())[:240]
+
+
+def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
+    """The config as transformers' own config class for ``model_type`` reads it (its defaults, its aliases, its
+    validation), None for a model type transformers does not know; :class:`BtkError` when transformers is
+    missing or its class refuses the file."""
+    CONFIG_MAPPING = import_transformers().CONFIG_MAPPING  # noqa: N806 (transformers' own name)
     if model_type not in CONFIG_MAPPING:
         return None
     config_class = CONFIG_MAPPING[model_type]
@@ -133,8 +144,8 @@ def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
             warnings.simplefilter("ignore")
             return config_class(**copy.deepcopy(dict(config)))  # the class edits nested values in place
     except Exception as error:  # transformers' validation of the user's file: whatever it raises is its refusal
-        said = " ".join(str(error).split())[:240]
-        raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said}")) from None
+        raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said(error)}")
+                       ) from None
 
 
 def _declares(hf: Any, field: str) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import logging
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from btk.errors import BtkError, printable
+from btk.hf_import import import_transformers, said
 from btk.profile import ModelArchitecture
 
 LOGITS_TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
@@ -53,15 +53,7 @@ def _torch_and_transformers() -> tuple[Any, Any]:
     # transformers' model classes import torchao where it is installed: its lines about CUDA kernels a CPU-only
     # check never uses are the trainer's to drop, by the trainer's rule.
     importlib.import_module("btk_trainer.third_party_logs").quiet_third_party_logs(torch.cuda.is_available())
-    try:
-        import transformers
-    except ImportError:
-        from btk.hf_import import TRANSFORMERS_PIN
-
-        raise BtkError("btk profile import reads configs with transformers, which is not installed: "
-                       f"pip install transformers=={TRANSFORMERS_PIN} (make setup installs it)") from None
-    logging.getLogger("transformers").setLevel(logging.ERROR)  # its notes speak to code writing configs
-    return torch, transformers
+    return torch, import_transformers()
 
 
 def _trainer_model() -> ModuleType:
@@ -97,8 +89,8 @@ def _hf_model(transformers: Any, config: Mapping[str, Any]) -> Any:
             hf_config.torch_dtype = None
             return transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
     except Exception as error:  # transformers' own refusal of the config: whatever it raises, said in one line
-        said = " ".join(str(error).split())[:240]
-        raise BtkError(printable(f"config.json: transformers cannot build the model it describes: {said}")) from None
+        raise BtkError(printable(f"config.json: transformers cannot build the model it describes: {said(error)}")
+                       ) from None
 
 
 def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
@@ -180,8 +172,7 @@ def check_scaled_logits(config: Mapping[str, Any], scaled_arch: ModelArchitectur
             expected = theirs(input_ids=tokens).logits
             actual = ours.logits(tokens)
     except Exception as error:  # either model refusing the config's shapes at run time: said in one line
-        said = " ".join(str(error).split())[:240]
-        raise BtkError(printable(f"config.json: a 2-layer copy of the model does not run: {said}")) from None
+        raise BtkError(printable(f"config.json: a 2-layer copy of the model does not run: {said(error)}")) from None
     gap = float((actual - expected).abs().max())
     if not torch.allclose(actual, expected, **LOGITS_TOLERANCE):
         raise BtkError(f"config.json: on a 2-layer copy with the same weights, the trainer's logits differ from "
