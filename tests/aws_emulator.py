@@ -48,12 +48,16 @@ class Emulator:
 
     def run(self, command: Sequence[str], timeout: float = 600, allowed_exits: Sequence[int] = (0,)) -> str:
         """Run ``command`` in the repository against the emulator; its output, or a failure naming it."""
-        result = subprocess.run(list(command), cwd=REPO, env=dict(self.env), capture_output=True, text=True,
-                                timeout=timeout, check=False)
+        result = self.completed(command, timeout)
         output = result.stdout + result.stderr
         if result.returncode not in allowed_exits:
             raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{output[-4000:]}")
         return output
+
+    def completed(self, command: Sequence[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` in the repository against the emulator, whatever its exit status."""
+        return subprocess.run(list(command), cwd=REPO, env=dict(self.env), capture_output=True, text=True,
+                              timeout=timeout, check=False)
 
 
 def _free_port() -> int:

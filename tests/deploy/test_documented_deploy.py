@@ -3,8 +3,11 @@
 docs/deploy.md's step 1 and docs/ci.md's step 2, in the order a user runs them, from an empty account
 (moto in server mode, ``tests/aws_emulator.py``): ``btk bootstrap --env <env>`` for every environment
 of ``environments.py`` (the environment's boundary, then the CDK CLI's own ``cdk bootstrap``), then
-``cdk deploy CiAccessStack``. The roles are then read back from the emulator's IAM as the commands
-created them.
+``cdk deploy CiAccessStack``, each environment's ``cdk deploy TrainingStack`` (its change set: moto cannot
+execute it), docs/deploy.md's destroy and a second deploy of the first environment. Then, as the change
+set would, each environment's pipelines are created from the template the CLI uploaded, and
+docs/pipeline.md's start commands and docs/capacity.md's ``btk capacity show`` run against them. The
+roles are then read back from the emulator's IAM as the commands created them.
 
 Isolation: for every pair of environments in one account, every role of the first one's bootstrap
 (deploy, file-publishing, image-publishing, lookup, CloudFormation execution), its CI deploy role,
@@ -23,6 +26,8 @@ import functools
 import itertools
 import json
 import re
+import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +52,7 @@ from stack_synth import Synth, synths
 import environments
 from btk.bootstrap import boundary_policy_name, boundary_stack_name, toolkit_stack_name
 from btk.doctor.bootstrap import DEPLOY_BOOTSTRAP_VERSION, LOOKUP_ROLE_BOOTSTRAP_VERSION, version_parameter
+from btk.naming import pipeline_name
 from stacks.boundary_stack import STACK_NAME_TAG
 
 __all__ = ["synths"]
@@ -72,13 +78,18 @@ class Account:
     """Who each access key of the recorded calls is (an ARN)."""
     torn_down_stack_id: str
     """The id of the stack the first deploy of :data:`TORN_DOWN` created, before the destroy."""
+    capacity: dict[str, tuple[subprocess.CompletedProcess[str], list[RecordedCall]]]
+    """docs/capacity.md's ``btk capacity show`` for each environment: how it exited, and the calls it made."""
+    pipeline_runs: list[PipelineRun]
+    """docs/pipeline.md's start commands, run on each environment's pipelines."""
 
 
 def code_blocks(doc: str, heading: str) -> list[str]:
     """The commands of the bash blocks under ``heading`` in ``docs/<doc>`` (continuations joined, comments out)."""
     text = (REPO / "docs" / doc).read_text()
     section = text[text.index(heading):]
-    section = section[:section.index("\n**", 1)] if "\n**" in section[1:] else section
+    for end in ("\n**", "\n## "):
+        section = section[:section.index(end, 1)] if end in section[1:] else section
     commands: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -135,6 +146,81 @@ def documented_destroy(env_name: str) -> list[str]:
     return ["node_modules/.bin/cdk", *words[2:], "--force", "--no-notices"]
 
 
+def documented_capacity_show(env_name: str) -> list[str]:
+    """docs/capacity.md's ``btk capacity show`` for ``env_name`` (its optional arguments left out)."""
+    text = (REPO / "docs" / "capacity.md").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("$ btk capacity show")]
+    words = line.removeprefix("$ ").split("[")[0].split()
+    assert words[3:] == ["--env", "prod"], words
+    return [".venv/bin/btk", *words[1:4], env_name]
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One of docs/pipeline.md's start commands, run on one pipeline: what it asked for and what came back."""
+
+    env: str
+    pipeline: str
+    parameters: dict[str, str]
+    declared: dict[str, str]
+    """The parameters the pipeline's definition declares, by name: their types."""
+    execution_arn: str
+
+
+def documented_starts() -> list[tuple[str, dict[str, str]]]:
+    """docs/pipeline.md's ``aws sagemaker start-pipeline-execution`` commands: (pipeline, parameters) each."""
+    starts: list[tuple[str, dict[str, str]]] = []
+    for command in code_blocks("pipeline.md", "## Starting a run"):
+        words = shlex.split(command)
+        assert words[:3] == ["aws", "sagemaker", "start-pipeline-execution"], command
+        options: dict[str, list[str]] = {}
+        for word in words[3:]:
+            if word.startswith("--"):
+                options[word] = []
+            else:
+                options[list(options)[-1]].append(word)
+        assert set(options) <= {"--pipeline-name", "--pipeline-parameters"}, command
+        pairs = [dict(item.split("=", 1) for item in shorthand.split(","))
+                 for shorthand in options.get("--pipeline-parameters", [])]
+        starts.append((options["--pipeline-name"][0], {pair["Name"]: pair["Value"] for pair in pairs}))
+    assert starts, "docs/pipeline.md documents no start command"
+    return starts
+
+
+def training_template(emulator: Emulator, env: Any) -> dict[str, Any]:
+    """``env``'s TrainingStack template as the CDK CLI uploaded it to the environment's own asset bucket."""
+    s3, bucket = emulator.client("s3", REGION), f"cdk-{env.bootstrap_qualifier}-assets-{ACCOUNT}-{REGION}"
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=bucket)["Contents"] if item["Key"].endswith(".json")]
+    bodies = [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
+    (template,) = [body for body in bodies if "AWS::SageMaker::Pipeline" in json.dumps(body)]
+    assert IMAGE_URI in json.dumps(template), keys
+    return template
+
+
+def start_documented_runs(emulator: Emulator) -> list[PipelineRun]:
+    """Each environment's pipelines created as CloudFormation creates them from the uploaded template (moto
+    cannot execute the change set), then docs/pipeline.md's start commands run on each, as a user runs them."""
+    sagemaker = emulator.client("sagemaker", REGION)
+    runs: list[PipelineRun] = []
+    for name, env in ENVS.items():
+        template = training_template(emulator, env)
+        for resource in template["Resources"].values():
+            if resource["Type"] != "AWS::SageMaker::Pipeline":
+                continue
+            properties = by_names(template, resource["Properties"])
+            pipeline, body = properties["PipelineName"], properties["PipelineDefinition"]["PipelineDefinitionBody"]
+            sagemaker.create_pipeline(PipelineName=pipeline, PipelineDefinition=body, RoleArn=properties["RoleArn"])
+            declared = {item["Name"]: item["Type"] for item in json.loads(body)["Parameters"]}
+            for _, parameters in documented_starts():
+                values = {key: value.replace("us-east-1", env.region).replace("123456789012", ACCOUNT)
+                          for key, value in parameters.items()}
+                started = sagemaker.start_pipeline_execution(
+                    PipelineName=pipeline, PipelineParameters=[{"Name": key, "Value": value}
+                                                               for key, value in values.items()])
+                runs.append(PipelineRun(name, pipeline, values, declared, started["PipelineExecutionArn"]))
+    return runs
+
+
 #: The environment torn down and deployed again after the first deploys.
 TORN_DOWN = next(iter(ENVS))
 
@@ -159,10 +245,16 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
         first_stack_id = cloudformation.describe_stacks(StackName=ENVS[TORN_DOWN].stack_name)["Stacks"][0]["StackId"]
         outputs["destroy"] = emulator.run(documented_destroy(TORN_DOWN))
         outputs["deploy again"] = emulator.run(documented_deploy(TORN_DOWN))
+        runs = start_documented_runs(emulator)
+        capacity: dict[str, tuple[subprocess.CompletedProcess[str], list[RecordedCall]]] = {}
+        for name in ENVS:
+            before = len(recorded_calls(emulator))
+            result = emulator.completed(documented_capacity_show(name))
+            capacity[name] = (result, recorded_calls(emulator)[before:])
         roles = read_roles(emulator, "", named)
         calls = recorded_calls(emulator)
         callers = {key: caller_arn(emulator, key) for key in {call.access_key for call in calls}}
-        yield Account(emulator, roles, outputs, calls, callers, first_stack_id)
+        yield Account(emulator, roles, outputs, calls, callers, first_stack_id, capacity, runs)
 
 
 def bootstrap_role(env_name: str, kind: str) -> str:
@@ -426,11 +518,7 @@ def test_each_environments_deploy_reaches_its_change_set_through_its_own_bootstr
         types = {change["ResourceChange"]["ResourceType"] for change in change_set["Changes"]}
         assert {"AWS::IAM::Role", "AWS::S3::Bucket", "AWS::KMS::Key", "AWS::SageMaker::Pipeline"} <= types
         # The template the file-publishing role uploaded to the environment's own asset bucket.
-        s3, bucket = account.emulator.client("s3", REGION), f"cdk-{env.bootstrap_qualifier}-assets-{ACCOUNT}-{REGION}"
-        keys = [item["Key"] for item in s3.list_objects_v2(Bucket=bucket)["Contents"] if item["Key"].endswith(".json")]
-        bodies = [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
-        assert [body for body in bodies if IMAGE_URI in json.dumps(body) and "AWS::SageMaker::Pipeline" in
-                json.dumps(body)], keys
+        assert training_template(account.emulator, env)["Resources"]
 
 
 #: Operations whose IAM action is not ``service:Operation`` (AWS's Service Authorization Reference).
@@ -535,3 +623,42 @@ def test_cdk_bootstraps_default_deploy_role_would_be_flagged() -> None:
     theirs = ENVS[list(ENVS)[-1]]
     arn = f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{theirs.stack_name}/1a2b3c4d-0000"
     assert default.allows("cloudformation:DeleteStack", arn)
+
+
+#: How a pipeline parameter's type reads a value (SageMaker refuses a value its type cannot take).
+PARAMETER_TYPES = {"Integer": int, "Float": float, "String": str,
+                   "Boolean": lambda value: {"true": True, "false": False}[value.lower()]}
+
+
+def test_each_pipeline_starts_with_the_documented_commands(account: Account) -> None:
+    """docs/pipeline.md's start commands, on every pipeline of every environment, created from the template the
+    CLI uploaded: the emulator started an execution of that pipeline, and every parameter a command sets is one
+    the pipeline's definition declares, with a value of its type (moto starts an execution whatever the
+    parameters say; SageMaker refuses an undeclared one)."""
+    expected = {(name, pipeline_name(name, profile)) for name, env in ENVS.items() for profile in env.profiles}
+    assert {(run.env, run.pipeline) for run in account.pipeline_runs} == expected
+    sagemaker = account.emulator.client("sagemaker", REGION)
+    for run in account.pipeline_runs:
+        execution = sagemaker.describe_pipeline_execution(PipelineExecutionArn=run.execution_arn)
+        assert execution["PipelineArn"].endswith(f":pipeline/{run.pipeline}"), execution
+        for parameter, value in run.parameters.items():
+            assert parameter in run.declared, f"{run.pipeline}: docs/pipeline.md sets {parameter}, not declared"
+            PARAMETER_TYPES[run.declared[parameter]](value)
+    documented = {name for _, parameters in documented_starts() for name in parameters}
+    assert documented, "docs/pipeline.md starts no run with parameters"
+
+
+def test_btk_capacity_show_asks_aws_only_where_the_environment_uses_a_plan(account: Account) -> None:
+    """docs/capacity.md's ``btk capacity show``, for each environment, against the emulator: an on-demand
+    environment is answered without a call; one on a training plan asks SageMaker for it in the environment's
+    region, and since moto has no training plans the answer is one line and exit 2 (what the command then does
+    with a plan is tests/capacity's, on botocore's own stubs)."""
+    for name, env in ENVS.items():
+        result, calls = account.capacity[name]
+        if env.capacity.mode == "on_demand":
+            assert result.returncode == 0 and "on_demand" in result.stdout and calls == [], result
+            continue
+        assert result.returncode == 2, result
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        asked = {call.operation for call in calls if call.service == "sagemaker"}
+        assert asked & {"DescribeTrainingPlan", "ListTrainingPlans"}, calls
