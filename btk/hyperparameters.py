@@ -8,7 +8,8 @@ The pipeline writes them, the trainer reads them back; both through this module.
   ``LEFT_OUT_AT_DEFAULT`` only when not at their default, so the jobs of profiles that do not use
   them keep exactly the hyperparameters they had before those fields existed);
 * ``train.<field>`` for the :class:`~btk.profile.TrainingIntent` (learning rate, ...);
-* ``job.<field>`` for :class:`JobSettings` (profile name, checkpointing cadence, seed).
+* ``job.<field>`` for :class:`JobSettings` (profile name, checkpointing cadence, seed; the fields
+  it lists in ``LEFT_OUT_AT_DEFAULT`` likewise only when not at their default).
 
 Values are strings (SageMaker's contract); nested values (fields whose type is a model)
 are compact JSON, ``None`` is the empty string. Decoding follows each field's declared type,
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Any, Union, get_args, get_origin
+from typing import Any, ClassVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -39,6 +40,8 @@ class JobSettings(BaseModel):
     """Per-job settings that are neither knobs nor architecture."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("async_tensor_parallel",)
 
     profile: str = Field(pattern=PROFILE_NAME_PATTERN, description="the profile's name")
     seed: int = Field(default=1234, ge=0)
@@ -69,6 +72,12 @@ class JobSettings(BaseModel):
         ge=0,
         description="optimizer steps with a NaN/inf loss or gradient norm that are skipped (update dropped) before "
         "the job fails; 3 rides out a rare fp8 overflow, while a diverged run fails within 4 steps",
+    )
+    async_tensor_parallel: bool = Field(
+        default=False,
+        description="overlap tensor parallelism's collectives with its matmuls (Inductor's micro-pipeline pass on "
+        "symmetric memory; compiled blocks on CUDA only). Off unless asked for, as torchtitan has it: the planner "
+        "predicts plain tensor parallelism, and the overlap's gain and memory are not measured on this stack",
     )
 
 

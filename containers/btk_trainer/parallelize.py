@@ -442,15 +442,23 @@ def train_context(shape: MeshShape) -> AbstractContextManager[Any]:
     return loss_parallel()
 
 
-def enable_async_tensor_parallel(tp_mesh: DeviceMesh, *, compiled: bool) -> bool:
-    """Async TP (torchtitan's ``enable_async_tensor_parallel``) where torch offers it: CUDA and compiled blocks.
+def async_tensor_parallel_applies(requested: bool, *, compiled: bool, device_type: str, tp: int) -> bool:
+    """Whether a job runs async TP: only when it asks for it (``JobSettings.async_tensor_parallel``, off by
+    default, as torchtitan's ``enable_async_tensor_parallel``), and only where torch offers it: compiled
+    blocks on CUDA with a tensor-parallel degree above 1."""
+    return requested and compiled and device_type == "cuda" and tp > 1
+
+
+def enable_async_tensor_parallel(tp_mesh: DeviceMesh, *, compiled: bool, requested: bool = False) -> bool:
+    """Async TP where the job asks for it and torch offers it (:func:`async_tensor_parallel_applies`).
 
     Inductor's micro-pipeline pass splits each all-gather -> matmul and matmul -> reduce-scatter
     of the sequence-parallel blocks into chunks that overlap, through symmetric memory on the
-    TP group. It exists only in compiled graphs and only for NCCL on CUDA; elsewhere nothing is
-    set (returns whether it was enabled).
+    TP group. It exists only in compiled graphs and only for NCCL on CUDA; elsewhere, or when the
+    job does not ask for it, nothing is set (returns whether it was enabled).
     """
-    if not compiled or tp_mesh.device_type != "cuda" or tp_mesh.size() == 1:
+    if not async_tensor_parallel_applies(requested, compiled=compiled, device_type=tp_mesh.device_type,
+                                         tp=tp_mesh.size()):
         return False
     import torch._inductor.config
     from torch.distributed._symmetric_memory import enable_symm_mem_for_group
@@ -628,13 +636,15 @@ def parallelize(
     fused_loss_enabled: bool | None = None,
     compile_backend: str = "inductor",
     emulate_mxfp8: bool = False,
+    async_tensor_parallel: bool = False,
 ) -> Decoder:
     """Apply every knob to ``model`` (in place) and return it.
 
     ``compile_enabled`` / ``fused_loss_enabled`` override ``knobs.compile`` / ``knobs.fused_loss``
     (the trainer turns both off on CPU, where Inductor would need a C++ toolchain and minutes);
     ``compile_backend`` is the ``torch.compile`` backend of both; ``emulate_mxfp8`` runs MXFP8
-    in torchao's emulation (CPU tests).
+    in torchao's emulation (CPU tests); ``async_tensor_parallel``: the job asks for async TP
+    (:func:`enable_async_tensor_parallel`).
     """
     check_precision(knobs.precision, capability)
     apply_low_precision(model, knobs.precision,
@@ -643,7 +653,8 @@ def parallelize(
     compiled = knobs.compile if compile_enabled is None else compile_enabled
     if shape.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], knobs.precision, knobs.seq_len)
-        enable_async_tensor_parallel(mesh["tp"], compiled=compiled and compile_backend == "inductor")
+        enable_async_tensor_parallel(mesh["tp"], compiled=compiled and compile_backend == "inductor",
+                                     requested=async_tensor_parallel)
     apply_activation_checkpointing(model, knobs.activation_checkpointing, keep_attention=(
         keeps_attention_under_full_checkpointing(mesh.device_type, compiled=compiled, tp=shape.tp)))
     if compiled:

@@ -393,6 +393,7 @@ def build_model(config: RunConfig, spec: JobHyperparameters, placement: Placemen
         compile_enabled=(knobs.compile if on_gpu else False) if config.compile is None else config.compile,
         fused_loss_enabled=knobs.fused_loss and on_gpu,
         emulate_mxfp8=not on_gpu,  # torchao's MXFP8 kernels need a Blackwell GPU; CPU tests emulate them
+        async_tensor_parallel=spec.job.async_tensor_parallel,
     )
     model.to_empty(device=placement.device)
     if spec.architecture.tied_embeddings and not model.weights_tied:  # FSDP2 swaps tensors in place

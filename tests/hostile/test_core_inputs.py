@@ -110,11 +110,20 @@ def test_sagemaker_namespace_keys_are_ignored() -> None:
 
 
 def test_known_keys_are_exactly_what_the_encoder_writes() -> None:
-    """Every key but the architecture fields a profile leaves at their default (left out of the job, read back as
-    the default) is written."""
+    """Every key but the architecture fields a profile and the job settings a job leave at their default (left out
+    of the job, read back as the default) is written."""
     written = set(to_hyperparameters(_spec()))
-    left_out = {f"arch.{name}" for name in ModelArchitecture.LEFT_OUT_AT_DEFAULT}
+    left_out = {f"arch.{name}" for name in ModelArchitecture.LEFT_OUT_AT_DEFAULT} | {
+        f"job.{name}" for name in JobSettings.LEFT_OUT_AT_DEFAULT}
     assert sorted(known_keys()) == sorted(written | left_out) and not written & left_out
+
+
+def test_async_tensor_parallel_is_written_only_when_a_job_asks_for_it() -> None:
+    """Off by default and then absent, so a job's hyperparameters are what they were before the setting existed."""
+    assert "job.async_tensor_parallel" not in to_hyperparameters(_spec())
+    asked = _spec(async_tensor_parallel=True)
+    encoded = to_hyperparameters(asked)
+    assert encoded["job.async_tensor_parallel"] == "true" and from_hyperparameters(encoded) == asked
 
 
 def test_nested_hyperparameter_that_is_not_json_names_the_key() -> None:

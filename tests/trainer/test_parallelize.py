@@ -178,18 +178,62 @@ def test_rowwise_float8_makes_inductor_emulate_precision_casts(llama_arch: Model
     assert inductor_config.emulate_precision_casts is True
 
 
-@pytest.mark.parametrize(("device_type", "compiled"), [("cpu", True), ("cuda", False)])
-def test_async_tensor_parallel_only_on_compiled_cuda(device_type: str, compiled: bool) -> None:
-    """Async TP is an Inductor pass over NCCL collectives: off the CUDA + compile path nothing is set."""
+@pytest.mark.parametrize(("device_type", "compiled", "requested"),
+                         [("cpu", True, True), ("cuda", False, True), ("cuda", True, False)])
+def test_async_tensor_parallel_only_when_asked_on_compiled_cuda(device_type: str, compiled: bool,
+                                                                 requested: bool) -> None:
+    """Async TP is an Inductor pass over NCCL collectives, and a job runs it only when it asks for it
+    (``job.async_tensor_parallel``, off by default): otherwise nothing is set, on compiled CUDA too."""
     import types
 
     import torch._inductor.config
     from btk_trainer.parallelize import enable_async_tensor_parallel
 
-    mesh = types.SimpleNamespace(device_type=device_type, size=lambda: 2)
+    mesh = types.SimpleNamespace(device_type=device_type, size=lambda: 2)  # no process group: nothing may use one
     with torch._inductor.config.patch(_micro_pipeline_tp=False):
-        assert enable_async_tensor_parallel(mesh, compiled=compiled) is False  # type: ignore[arg-type]
+        assert enable_async_tensor_parallel(mesh, compiled=compiled,  # type: ignore[arg-type]
+                                            requested=requested) is False
         assert torch._inductor.config._micro_pipeline_tp is False
+
+
+def test_async_tensor_parallel_applies_only_where_asked_and_offered() -> None:
+    from btk_trainer.parallelize import async_tensor_parallel_applies
+
+    where = {(requested, compiled, device, tp): async_tensor_parallel_applies(requested, compiled=compiled,
+                                                                             device_type=device, tp=tp)
+             for requested in (False, True) for compiled in (False, True) for device in ("cpu", "cuda")
+             for tp in (1, 2, 8)}
+    assert {key for key, applies in where.items() if applies} == {(True, True, "cuda", 2), (True, True, "cuda", 8)}
+
+
+def test_the_trainer_hands_the_jobs_async_tensor_parallel_setting_to_parallelize(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``build_model`` (here through the dry run: the trainer's own code on fake tensors, TP=2) asks for async
+    TP exactly when the job does: never by default."""
+    from btk_trainer import dryrun, parallelize
+    from trainer_fixtures import tiny_qwen
+
+    from btk.hardware import get_instance_type
+    from btk.knobs import TrainingKnobs
+    from btk.profile import TrainingIntent
+
+    asked: list[bool] = []
+    original = parallelize.enable_async_tensor_parallel
+
+    def record(tp_mesh: object, *, compiled: bool, requested: bool = False) -> bool:
+        asked.append(requested)
+        return original(tp_mesh, compiled=compiled, requested=requested)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parallelize, "enable_async_tensor_parallel", record)
+    case = dryrun.DryRunCase(name="toy", architecture=tiny_qwen(), instance=get_instance_type("ml.p6-b200.48xlarge"),
+                             nodes=1, training=TrainingIntent(seq_len=128, global_batch_tokens=1 << 14),
+                             knobs=TrainingKnobs(micro_batch_size=1, seq_len=128, tensor_parallel=2))
+    spec = case.spec()
+    for wanted in (False, True):
+        job = spec.job.model_copy(update={"async_tensor_parallel": wanted})
+        monkeypatch.setattr(dryrun.DryRunCase, "spec", lambda self, job=job: spec.model_copy(update={"job": job}))
+        dryrun.run_steps(case)
+    assert asked == [False, True] and spec.job.async_tensor_parallel is False
 
 
 def test_tensor_parallel_must_divide_vocabulary_and_sequence() -> None:
