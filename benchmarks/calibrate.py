@@ -6,7 +6,8 @@ prediction of the fit to all runs, the prediction of a fit *without every run of
 launched with the default CUDA allocator is fitted). Then the fitted constants, to be copied
 into ``btk/hardware.py``, ``btk/planner/throughput.py`` and ``btk/planner/calibration.py``;
 the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the table of
-``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit.
+``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit, with how
+many of them the printed bands cover.
 
 Run: ``.venv/bin/python benchmarks/calibrate.py [--write]``; ``--write`` stores the bands in
 ``btk/planner/calibration_band.json`` (the test suite checks that it matches this fit).
@@ -18,7 +19,7 @@ import argparse
 import json
 import statistics
 
-from btk.planner.band import BAND_FILE, band_summary, regime_table
+from btk.planner.band import BAND_FILE, band_summary, coverage_table, regime_table
 from btk.planner.calibration import (
     NAMES,
     _to_vector,
@@ -69,6 +70,8 @@ def main() -> None:
     if errors:
         absolute = [abs(error) for error in errors]
         print(f"  median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%}")
+        print("\nthe held-out runs against the bands the planner prints for them (the stored bands):")
+        print("\n".join(coverage_table(held, errors)))
     if args.write:
         BAND_FILE.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {BAND_FILE}")

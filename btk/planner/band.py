@@ -222,6 +222,41 @@ def band_for_question(family: str, parameters: float, seq_len: int, nodes: int,
     return ErrorBand(family, None, None, memory_band, 0, memory_points, (), (reason,))
 
 
+OUTSIDE = "outside the published evidence"
+
+
+def coverage_table(points: Sequence[CalibrationPoint], errors: Sequence[float],
+                   stored: Mapping[str, Any] | None = None) -> list[str]:
+    """How runs no fit saw fall against the bands the planner prints for them: per regime whose band answered
+    (and overall), the runs, how many landed inside it, that share, and the band's median width (a Markdown
+    table; ``benchmarks/calibrate.py`` prints it for the held-out runs, ``docs/calibration.md`` too).
+
+    ``errors``: each run's relative error, ``predicted / published - 1``. A run whose question gets no band
+    counts under "outside the published evidence" and in no coverage."""
+    groups: dict[str, list[tuple[float, float | None]]] = {}
+    for point, error in zip(points, errors, strict=True):
+        band = band_for_question(point.family, point.parameters, point.knobs.seq_len, point.nodes, stored)
+        width = band.tokens_per_second if band.measured else None
+        groups.setdefault(band.regime if band.measured and band.regime else OUTSIDE, []).append((error, width))
+
+    def row(name: str, runs: list[tuple[float, float | None]]) -> str:
+        banded = [(error, width) for error, width in runs if width is not None]
+        if not banded:
+            return f"| {name} | {len(runs)} | - | - | - |"
+        inside = sum(abs(error) <= width for error, width in banded)
+        median = sorted(width for _, width in banded)[(len(banded) - 1) // 2:len(banded) // 2 + 1]
+        return (f"| {name} | {len(runs)} | {inside} | {inside / len(banded):.0%} | "
+                f"±{sum(median) / len(median):.1%} |")
+
+    lines = ["| band's regime | runs | inside the band | coverage | median band |", "|---|---|---|---|---|"]
+    lines.extend(row(name, groups[name]) for name in sorted(groups) if name != OUTSIDE)
+    if OUTSIDE in groups:
+        lines.append(row(OUTSIDE, groups[OUTSIDE]))
+    lines.append(row("all runs with a band", [run for name, runs in groups.items() if name != OUTSIDE
+                                              for run in runs]))
+    return lines
+
+
 def band_for(instance: InstanceType, parameters: float, seq_len: int, nodes: int) -> ErrorBand:
     """The band of ``parameters`` at ``seq_len`` on ``nodes`` x ``instance``."""
     return band_for_question(instance.gpu.architecture, parameters, seq_len, nodes)

@@ -18,6 +18,7 @@ those errors in the question's regime. Asserted here, with the reason for each b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -31,6 +32,7 @@ from btk.planner.band import (
     ErrorBand,
     band_for_question,
     band_summary,
+    coverage_table,
     regime_of,
     regime_table,
 )
@@ -236,3 +238,29 @@ def test_attention_is_charged_apart_from_the_linear_layers() -> None:
         published = points[long].tokens_per_second_per_gpu / points[short].tokens_per_second_per_gpu
         predicted = predict_tokens_per_second(points[long], params) / predict_tokens_per_second(points[short], params)
         assert predicted == pytest.approx(published, rel=0.10)
+
+
+def held_out_coverage() -> list[str]:
+    params = current_parameters()
+    held = load_held_out()
+    return coverage_table(held, [predict_tokens_per_second(p, params) / p.tokens_per_second_per_gpu - 1 for p in held])
+
+
+def test_docs_print_how_the_bands_cover_the_held_out_runs() -> None:
+    for line in held_out_coverage():
+        assert line in DOC, f"docs/calibration.md is stale, paste benchmarks/calibrate.py's coverage table: {line}"
+
+
+def test_coverage_counts_a_run_inside_only_within_the_band_of_its_question() -> None:
+    """Two runs in one regime (band ±10 %), one 9 % off and one 11 % off, and one outside the evidence: half of
+    the runs with a band are covered; the run outside counts in no coverage."""
+    point = load_points()[0]
+    regime = regime_of(point.family, point.parameters, point.knobs.seq_len, point.nodes)
+    stored = {"regimes": {regime.key: {"tokens_per_second": 0.1, "points": MIN_POINTS, "evidence": []}},
+              "memory": {}, "envelope": {"families": [point.family], "parameters": [1, 1e15], "seq_len": [1, 1 << 20],
+                                         "nodes": [1, point.nodes]}}
+    far = dataclasses.replace(point, nodes=point.nodes + 1)  # beyond the envelope's node count
+    table = coverage_table([point, point, far], [0.09, -0.11, 0.0], stored)
+    assert f"| {regime.key} | 2 | 1 | 50% | ±10.0% |" in table
+    assert "| outside the published evidence | 1 | - | - | - |" in table
+    assert table[-1] == "| all runs with a band | 2 | 1 | 50% | ±10.0% |"
