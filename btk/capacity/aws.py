@@ -7,6 +7,7 @@ custom resource with boto3 in Lambda (this package is bundled with it: the stand
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from btk.capacity.model import CapacityError
@@ -39,24 +40,38 @@ def _api_name(operation: str) -> str:
     return "".join(part.capitalize() for part in operation.split("_"))
 
 
+NOT_AWS = "check AWS_ENDPOINT_URL and any HTTPS_PROXY"
+_PAGE_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _html_page(message: str) -> str | None:
+    """The title of an error "message" that is an HTML page (a proxy's or an emulator's error page: no AWS
+    service answers with one), ``"no title"`` when it has none; None for any other message."""
+    if not message.lstrip().startswith("<"):
+        return None
+    title = _PAGE_TITLE.search(message)
+    return " ".join(title.group(1).split()) if title else "no title"
+
+
 def _one_line(error: Exception, operation: str) -> CapacityError:
     from botocore.exceptions import ClientError
 
+    api = _api_name(operation)
     if isinstance(error, ClientError):
         details = error.response.get("Error", {})
         code = details.get("Code", "Error")
         message = " ".join(str(details.get("Message", "")).split())
-        api = error.operation_name or operation
+        api = error.operation_name or api
+        page = _html_page(message)
+        if page is not None:
+            return CapacityError(f"{api} failed: {code}: an HTML page ({page}), not an AWS answer ({NOT_AWS})")
         return CapacityError(f"{api} failed: {code}: {message}".rstrip(": "))
     from botocore.parsers import ResponseParserError
 
     if isinstance(error, ResponseParserError):
-        return CapacityError(
-            f"{operation} failed: the answer is not in the service's format (check AWS_ENDPOINT_URL and any "
-            "HTTPS_PROXY)"
-        )
+        return CapacityError(f"{api} failed: the answer is not in the service's format ({NOT_AWS})")
     text = " ".join(str(error).split())
-    return CapacityError(f"{operation} failed: {text} (configure AWS credentials and region)")
+    return CapacityError(f"{api} failed: {text} (configure AWS credentials and region)")
 
 
 def _error_code(error: Exception) -> str:

@@ -221,8 +221,29 @@ def test_missing_credentials_are_one_line() -> None:
         capacity.search_offerings(NoCredentials(), REQUEST)
 
     assert str(raised.value) == (
-        "search_training_plan_offerings failed: Unable to locate credentials (configure AWS credentials and region)"
+        "SearchTrainingPlanOfferings failed: Unable to locate credentials (configure AWS credentials and region)"
     )
+
+
+@pytest.mark.parametrize(("page", "named"), [
+    ("<!doctype html>\n<html><head><title>502 Bad Gateway</title></head>\n<body>nginx</body></html>",
+     "502 Bad Gateway"),
+    ("<html><body><h1>Service Unavailable</h1></body></html>", "no title"),
+])
+def test_an_error_page_instead_of_an_aws_answer_is_named_not_pasted(page: str, named: str) -> None:
+    """A proxy or an emulator answers with an HTML page where AWS would answer JSON: the line names the page
+    and what to check, not its markup."""
+    from botocore.exceptions import ClientError
+
+    class Proxy:
+        def search_training_plan_offerings(self, **_: object) -> None:
+            raise ClientError({"Error": {"Code": "502", "Message": page}}, "SearchTrainingPlanOfferings")
+
+    with pytest.raises(capacity.CapacityError) as raised:
+        capacity.search_offerings(Proxy(), REQUEST)
+
+    assert str(raised.value) == (f"SearchTrainingPlanOfferings failed: 502: an HTML page ({named}), not an AWS "
+                                 "answer (check AWS_ENDPOINT_URL and any HTTPS_PROXY)")
 
 
 @pytest.mark.parametrize(

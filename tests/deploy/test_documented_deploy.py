@@ -6,7 +6,7 @@ of ``environments.py`` (the environment's boundary, then the CDK CLI's own ``cdk
 ``cdk deploy CiAccessStack``, each environment's ``cdk deploy TrainingStack`` (its change set: moto cannot
 execute it), docs/deploy.md's destroy and a second deploy of the first environment. Then, as the change
 set would, each environment's pipelines are created from the template the CLI uploaded, and
-docs/pipeline.md's start commands and docs/capacity.md's ``btk capacity show`` run against them. The
+docs/pipeline.md's start commands and docs/capacity.md's ``btk capacity show`` and ``search`` run. The
 roles are then read back from the emulator's IAM as the commands created them.
 
 Isolation: for every pair of environments in one account, every role of the first one's bootstrap
@@ -80,6 +80,8 @@ class Account:
     """The id of the stack the first deploy of :data:`TORN_DOWN` created, before the destroy."""
     capacity: dict[str, tuple[subprocess.CompletedProcess[str], list[RecordedCall]]]
     """docs/capacity.md's ``btk capacity show`` for each environment: how it exited, and the calls it made."""
+    capacity_search: tuple[subprocess.CompletedProcess[str], list[RecordedCall]]
+    """docs/capacity.md's ``btk capacity search`` for the first environment, likewise."""
     pipeline_runs: list[PipelineRun]
     """docs/pipeline.md's start commands, run on each environment's pipelines."""
 
@@ -153,6 +155,15 @@ def documented_capacity_show(env_name: str) -> list[str]:
     words = line.removeprefix("$ ").split("[")[0].split()
     assert words[3:] == ["--env", "prod"], words
     return [".venv/bin/btk", *words[1:4], env_name]
+
+
+def documented_capacity_search(env_name: str) -> list[str]:
+    """docs/capacity.md's ``btk capacity search`` for ``env_name`` and its first profile (optional arguments out)."""
+    text = (REPO / "docs" / "capacity.md").read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if line.startswith("$ btk capacity search")]
+    words = line.removeprefix("$ ").split("[")[0].split()
+    assert words[3:7] == ["--env", "prod", "--profile", "llama3.1-8b"], words
+    return [".venv/bin/btk", *words[1:4], env_name, "--profile", ENVS[env_name].profiles[0], *words[7:]]
 
 
 @dataclass(frozen=True)
@@ -251,10 +262,13 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Account]:
             before = len(recorded_calls(emulator))
             result = emulator.completed(documented_capacity_show(name))
             capacity[name] = (result, recorded_calls(emulator)[before:])
+        before = len(recorded_calls(emulator))
+        searched = emulator.completed(documented_capacity_search(TORN_DOWN))
+        search = (searched, recorded_calls(emulator)[before:])
         roles = read_roles(emulator, "", named)
         calls = recorded_calls(emulator)
         callers = {key: caller_arn(emulator, key) for key in {call.access_key for call in calls}}
-        yield Account(emulator, roles, outputs, calls, callers, first_stack_id, capacity, runs)
+        yield Account(emulator, roles, outputs, calls, callers, first_stack_id, capacity, search, runs)
 
 
 def bootstrap_role(env_name: str, kind: str) -> str:
@@ -662,3 +676,16 @@ def test_btk_capacity_show_asks_aws_only_where_the_environment_uses_a_plan(accou
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         asked = {call.operation for call in calls if call.service == "sagemaker"}
         assert asked & {"DescribeTrainingPlan", "ListTrainingPlans"}, calls
+
+
+def test_btk_capacity_search_asks_sagemaker_and_reports_an_odd_answer_in_one_line(account: Account) -> None:
+    """docs/capacity.md's ``btk capacity search`` reaches SageMaker's SearchTrainingPlanOfferings through the
+    emulator; moto answers it with an HTML internal-server-error page, and the command says so in one line
+    naming the page, not the page's markup, exit 2 (the offerings themselves: tests/capacity, on botocore's
+    stubs)."""
+    result, calls = account.capacity_search
+    assert result.returncode == 2 and result.stdout == "", result
+    (line,) = result.stderr.strip().splitlines()
+    assert line == ("btk: error: SearchTrainingPlanOfferings failed: 500: an HTML page (500 Internal Server Error), "
+                    "not an AWS answer (check AWS_ENDPOINT_URL and any HTTPS_PROXY)"), line
+    assert {(call.service, call.operation) for call in calls} == {("sagemaker", "SearchTrainingPlanOfferings")}
