@@ -15,6 +15,7 @@ from btk_trainer.parallelize import (
     check_precision,
     selective_policy,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from trainer_fixtures import tiny_llama
 
 from btk.errors import BtkError
@@ -220,9 +221,9 @@ def test_the_trainer_hands_the_jobs_async_tensor_parallel_setting_to_parallelize
     asked: list[bool] = []
     original = parallelize.enable_async_tensor_parallel
 
-    def record(tp_mesh: object, *, compiled: bool, requested: bool = False) -> bool:
+    def record(tp_mesh: DeviceMesh, *, compiled: bool, requested: bool = False) -> bool:
         asked.append(requested)
-        return original(tp_mesh, compiled=compiled, requested=requested)  # type: ignore[arg-type]
+        return original(tp_mesh, compiled=compiled, requested=requested)
 
     monkeypatch.setattr(parallelize, "enable_async_tensor_parallel", record)
     case = dryrun.DryRunCase(name="toy", architecture=tiny_qwen(), instance=get_instance_type("ml.p6-b200.48xlarge"),
