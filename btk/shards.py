@@ -21,11 +21,15 @@ memory-maps the files (``numpy.memmap``) and verifies every checksum before it t
 (:func:`verify_dataset`, its ranks splitting the hashing), so a corrupted or truncated
 shard, or an id the model's embedding has no row for, is an error, never training data.
 
-A restart does not read the shards again: after every shard verified, the trainer records the
-dataset version (the manifest's digest) and each shard's size, modification and change time
-(:class:`VerificationRecord`, ``dataset_verified.json`` in the checkpoint directory); the next
-start hashes only the shards whose metadata changed (:func:`shards_to_verify`), so an unchanged
-dataset starts without reading it, and a restaged or rewritten shard is hashed before it is read.
+A dataset is hashed once per version where it lives, not once per job: after every shard
+verified, the trainer records the dataset version (the manifest's digest) and each shard's size,
+modification and change time (:class:`VerificationRecord`) in the dataset directory itself,
+``.btk-verified/<manifest sha256>.json`` (:func:`dataset_record_path`), so every later job on
+that file system, whichever pipeline execution it belongs to, finds it; and in the checkpoint
+directory (``dataset_verified.json``), which covers restarts where the dataset directory cannot be
+written (an S3 channel). A start hashes only the shards whose metadata changed since a record of
+this version vouched for them (:func:`shards_to_verify`), so an unchanged dataset starts without
+reading it, and a restaged or rewritten shard is hashed before it is read.
 
 The manifest is checksummed by its sidecar ``manifest.json.sha256``, written with it
 (:func:`write_manifest`) and checked by :func:`read_manifest`. A manifest written with a sidecar
@@ -44,7 +48,9 @@ from __future__ import annotations
 import array
 import hashlib
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -291,6 +297,8 @@ def check_token_ids(largest: int, vocab_size: int, where: str) -> None:
 
 VERIFIED_RECORD_VERSION = 1
 VERIFIED_RECORD_NAME = "dataset_verified.json"
+#: The records kept beside the shards, one per dataset version (manifest digest).
+DATASET_RECORDS_DIR = ".btk-verified"
 
 
 class ShardStat(BaseModel):
@@ -306,8 +314,10 @@ class ShardStat(BaseModel):
 class VerificationRecord(BaseModel):
     """What a verification vouched for: the dataset version (the manifest's digest) and each shard as it was then.
 
-    Written by the trainer after every shard of the dataset verified (``dataset_verified.json`` in
-    the checkpoint directory, which outlives restarts and step retries: SageMaker restores it).
+    Written by the trainer after every shard of the dataset verified: beside the shards
+    (:func:`dataset_record_path`, found by every later job on the same file system) and in the
+    checkpoint directory (``dataset_verified.json``, which SageMaker restores on a restart or a
+    step retry, where the dataset directory is read-only).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -320,6 +330,12 @@ class VerificationRecord(BaseModel):
 def manifest_digest(manifest: ShardManifest) -> str:
     """SHA-256 of the manifest's content: the dataset's version (every shard's own SHA-256 is in it)."""
     return hashlib.sha256(manifest.model_dump_json().encode()).hexdigest()
+
+
+def dataset_record_path(directory: Path, manifest: ShardManifest) -> Path:
+    """Where the record of this dataset version lives beside its shards: keyed by the manifest's digest, so a
+    re-tokenized dataset in the same directory is a new version with no record, and two versions never share one."""
+    return directory / DATASET_RECORDS_DIR / f"{manifest_digest(manifest)}.json"
 
 
 def shard_stat(path: Path) -> ShardStat:
@@ -358,6 +374,14 @@ def write_verification_record(path: Path, directory: Path, manifest: ShardManife
     record = VerificationRecord(manifest_sha256=manifest_digest(manifest),
                                 shards={shard.file: shard_stat(directory / shard.file) for shard in manifest.shards})
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(record.model_dump_json(indent=1) + "\n")
-    temporary.replace(path)
+    # A temporary name of its own: two jobs verifying the same dataset at once each rename a whole file.
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    temporary = Path(name)
+    try:
+        os.fchmod(handle, 0o644)  # readable by every job that finds it, as the shards are
+        with os.fdopen(handle, "w") as file:
+            file.write(record.model_dump_json(indent=1) + "\n")
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

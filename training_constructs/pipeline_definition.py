@@ -507,7 +507,10 @@ class _Builder:
             source = DataSource(
                 file_system_data_source=FileSystemDataSource(
                     file_system_id=spec.train_data.file_system_id,
-                    file_system_access_mode="ro",
+                    # Read-write only so that the trainer can leave the dataset's verification record
+                    # beside the shards (btk.shards.dataset_record_path): the next execution on the same
+                    # dataset version then hashes nothing. The trainer opens shards read-only.
+                    file_system_access_mode="rw",
                     file_system_type="FSxLustre",
                     directory_path=spec.train_data.directory_path,
                 )

@@ -26,6 +26,7 @@ import torch
 from btk.errors import BtkError
 from btk.shards import (
     ShardManifest,
+    dataset_record_path,
     read_manifest,
     read_verification_record,
     shards_to_verify,
@@ -35,14 +36,17 @@ from btk.shards import (
 
 
 def verify_across_ranks(directory: Path, record: Path | None = None) -> ShardManifest:
-    """Verify the dataset once per job, not once per rank: each rank hashes its share of the shards.
+    """Verify the dataset once per version, and then once per job, not once per rank: each rank hashes its share.
 
-    ``record`` (``dataset_verified.json`` in the checkpoint directory): the shards a previous
-    verification of this dataset version vouched for, unchanged since (:func:`btk.shards.shards_to_verify`:
-    size, modification and change time), are not read again; every rank's view counts, so a shard
-    changed on any node's file system is hashed. After everything verified, rank 0 records the
-    dataset as it is now. A restart of an unchanged dataset therefore reads no shard; its first
-    start, or a changed shard, is hashed before anything is read from it.
+    A shard a record of this dataset version vouches for, unchanged since (:func:`btk.shards.shards_to_verify`:
+    size, modification and change time), is not read again. Two records are consulted: the one
+    beside the shards (:func:`btk.shards.dataset_record_path`, left by any earlier job on this
+    file system, whichever execution it belonged to) and ``record`` (``dataset_verified.json`` in
+    the checkpoint directory: a restart's, where the dataset directory is read-only). Every rank's
+    view counts, so a shard changed on any node's file system is hashed. After everything
+    verified, rank 0 writes both records as the dataset is now. A new execution on an unchanged
+    dataset therefore reads no shard; a new dataset version, or a changed shard, is hashed before
+    anything is read from it.
 
     Every rank then raises the same one-line error (the lowest rank's finding) or none, so a
     corrupted shard stops the whole job before any training step.
@@ -56,7 +60,7 @@ def verify_across_ranks(directory: Path, record: Path | None = None) -> ShardMan
     if finding is None:
         try:
             manifest = read_manifest(directory)
-            wanted = shards_to_verify(directory, manifest, read_verification_record(record) if record else None)
+            wanted = _not_vouched_for(directory, manifest, [dataset_record_path(directory, manifest), record])
         except BtkError as error:
             finding = str(error)
     views: list[tuple[str | None, list[int]] | None] = [None] * world
@@ -71,6 +75,15 @@ def verify_across_ranks(directory: Path, record: Path | None = None) -> ShardMan
     if rank == 0:
         _announce(directory, manifest, len(to_hash), record)
     return manifest
+
+
+def _not_vouched_for(directory: Path, manifest: ShardManifest, records: list[Path | None]) -> list[int]:
+    """The shards no record vouches for (a shard one record vouches for need not be hashed again)."""
+    unvouched = set(range(len(manifest.shards)))
+    for path in records:
+        if path is not None:
+            unvouched &= set(shards_to_verify(directory, manifest, read_verification_record(path)))
+    return sorted(unvouched)
 
 
 def _finding(directory: Path, verify: Callable[[], object]) -> str | None:
@@ -91,17 +104,26 @@ def _raise_first(findings: list[str | None]) -> None:
 
 
 def _announce(directory: Path, manifest: ShardManifest, hashed: int, record: Path | None) -> None:
-    """Rank 0: record the verified dataset (a failure is a warning: the next start verifies again) and say so."""
+    """Rank 0: record the verified dataset beside its shards and in ``record``, and say what was hashed.
+
+    A record that cannot be written is a warning, not a failure (the next start hashes again):
+    the dataset directory is read-only on an S3 channel, for instance, and then only the
+    checkpoint directory's record spares a restart the hashing.
+    """
     shards = len(manifest.shards)
-    if record is not None:
+    beside = dataset_record_path(directory, manifest)
+    for path, consequence in ((beside, "a new execution hashes the shards again"),
+                              (record, "a restart hashes the shards again")):
+        if path is None:
+            continue
         try:
-            write_verification_record(record, directory, manifest)
+            write_verification_record(path, directory, manifest)
         except OSError as error:
-            print(f"btk: warning: dataset verification not recorded in {record} ({error.strerror or error}); "
-                  "the next start verifies every shard again", flush=True)
+            print(f"btk: warning: dataset verification not recorded in {path} ({error.strerror or error}); "
+                  f"{consequence}", flush=True)
     if hashed < shards:
-        print(f"btk: dataset {directory}: {hashed} of {shards} shards verified, the others unchanged since their "
-              f"verification ({record})", flush=True)
+        print(f"btk: dataset {directory}: {hashed} of {shards} shards verified, the others unchanged since a "
+              f"verification of this version ({beside.parent} or {record})", flush=True)
 
 
 class TokenShards:

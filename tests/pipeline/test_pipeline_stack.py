@@ -132,14 +132,15 @@ def test_total_tokens_parameter_feeds_the_hyperparameter(staging: dict[str, Any]
 # -- channel, plan, checkpoints, KMS, VPC, metrics -----------------------------------------
 
 
-def test_fsx_channel_reads_the_data_stage_read_only(staging: dict[str, Any]) -> None:
+def test_fsx_channel_mounts_the_data_stage_so_the_verification_record_can_live_beside_it(
+        staging: dict[str, Any]) -> None:
     for definition in fx.pipelines(staging).values():
         channels = fx.all_steps(definition)[STEP_TRAIN]["Arguments"]["InputDataConfig"]
         assert [c["ChannelName"] for c in channels] == ["train"]
         source = channels[0]["DataSource"]["FileSystemDataSource"]
         assert source == {
             "FileSystemId": fx.FAKE_FILE_SYSTEM_ID,
-            "FileSystemAccessMode": "ro",
+            "FileSystemAccessMode": "rw",
             "FileSystemType": "FSxLustre",
             "DirectoryPath": f"/{fx.FAKE_MOUNT_NAME}{STAGING.data_stage.fsx_directory}",
         }

@@ -14,7 +14,7 @@ from btk_trainer.tokenize import main as tokenize_main
 from btk_trainer.tokenize import tokenize_to_shards
 
 from btk.errors import BtkError
-from btk.shards import dtype_for_vocab, read_manifest, verify_dataset
+from btk.shards import VERIFIED_RECORD_NAME, dtype_for_vocab, read_manifest, verify_dataset
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "runs", "far", "away", "into", "woods"]
 
@@ -367,6 +367,81 @@ def test_a_new_dataset_version_is_hashed_whole(tmp_path: Path, monkeypatch: pyte
                                   shard_tokens=40)
     hashed = _hashed_shards(monkeypatch)
     TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert len(hashed) == len(manifest.shards)
+
+
+def _flip_a_bit_keeping_size_and_mtime(target: Path) -> None:
+    import os
+
+    good = target.read_bytes()
+    before = target.stat()
+    target.write_bytes(bytes([good[0] ^ 0x01]) + good[1:])
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # only the change time moves
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_new_execution_on_an_unchanged_dataset_hashes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The record lives beside the shards, keyed by the dataset version: a job with another checkpoint directory
+    (a new pipeline execution), or none, finds it; a shard changed since is still hashed and refused before it is
+    read."""
+    import torch.distributed as dist
+
+    from btk.shards import DATASET_RECORDS_DIR, dataset_record_path
+
+    dist.init_process_group("gloo")
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(60))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    hashed = _hashed_shards(monkeypatch)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=tmp_path / "execution-1" / VERIFIED_RECORD_NAME)
+    assert len(hashed) == len(manifest.shards)
+    beside = dataset_record_path(tmp_path / "ds", manifest)
+    assert [path.name for path in (tmp_path / "ds" / DATASET_RECORDS_DIR).iterdir()] == [beside.name]  # no temp left
+    hashed.clear()
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=tmp_path / "execution-2" / VERIFIED_RECORD_NAME)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=None)
+    assert hashed == []
+    assert f"0 of {len(manifest.shards)} shards verified" in capsys.readouterr().out
+
+    _flip_a_bit_keeping_size_and_mtime(tmp_path / "ds" / "shard_00001.bin")
+    with pytest.raises(BtkError, match=r"shard_00001.bin fails its sha256"):
+        TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=tmp_path / "execution-3" / VERIFIED_RECORD_NAME)
+    assert hashed == ["shard_00001.bin"]
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_read_only_dataset_directory_leaves_the_record_to_the_checkpoint_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An S3 channel cannot be written: one warning line says so and what it costs; a restart (same checkpoint
+    directory) still hashes nothing, a new execution hashes everything again, and the job runs either way."""
+    import errno
+
+    import btk_trainer.data
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(30))], tok_path, tmp_path / "ds",
+                                  shard_tokens=40)
+    write = btk_trainer.data.write_verification_record
+
+    def read_only_dataset(path: Path, directory: Path, manifest: Any) -> None:
+        if path.is_relative_to(tmp_path / "ds"):
+            raise OSError(errno.EROFS, "Read-only file system")
+        write(path, directory, manifest)
+
+    monkeypatch.setattr(btk_trainer.data, "write_verification_record", read_only_dataset)
+    record = tmp_path / "ckpt" / VERIFIED_RECORD_NAME
+    hashed = _hashed_shards(monkeypatch)
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "Read-only file system" in warnings[0]
+    assert warnings[0].endswith("a new execution hashes the shards again") and record.is_file()
+    hashed.clear()
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
+    assert hashed == []
+    TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=tmp_path / "other" / VERIFIED_RECORD_NAME)
     assert len(hashed) == len(manifest.shards)
 
 
