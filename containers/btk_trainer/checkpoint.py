@@ -56,6 +56,7 @@ import json
 import pickle
 import re
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -531,6 +532,10 @@ class Checkpointer:
         self._stager: Any = None
         self._finisher: ThreadPoolExecutor | None = None  # completes background saves (hash, manifest, rename)
         self._pending: PendingSave | None = None
+        # The latest full save's duration (seconds) and its step: a blocking save's wall time, or a background
+        # save's from its start to its completion (an upper bound: it shared the machine with training).
+        self.save_seconds: float | None = None
+        self.measured_step: int | None = None
 
     def should_save(self, step: int, *, stop_requested: bool) -> bool:
         """Every ``interval`` steps and when a stop is requested; never twice for one step.
@@ -558,10 +563,12 @@ class Checkpointer:
             raise RuntimeError("no checkpoint directory to save into")
         self.wait()
         step, trainer_state = self.state.step, self.state.state_dict()
+        started = time.perf_counter()
         if blocking or not self.asynchronous:
             save(self.root, step, self.model, self.optimizer, trainer_state,
                  local_rank=self.local_rank, keep=self.keep)
             self.last_saved = step
+            self._measured(step, started)
             return
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
 
@@ -579,17 +586,50 @@ class Checkpointer:
         staged, written = ((response.staging_completion, response.upload_completion)
                            if isinstance(response, AsyncSaveResponse) else (None, response))
         assert self._finisher is not None
-        self._pending = PendingSave(step, staged, self._finisher.submit(self._finish, self.root, step, written))
+        self._pending = PendingSave(step, staged, self._finisher.submit(self._finish, self.root, step, written,
+                                                                        started))
         self.last_saved = step  # should_save: never twice for one step; the write completes in the background
 
-    def _finish(self, root: Path, step: int, written: Future[Any]) -> Path:
+    def _measured(self, step: int, started: float) -> None:
+        self.save_seconds, self.measured_step = time.perf_counter() - started, step
+
+    def _finish(self, root: Path, step: int, written: Future[Any], started: float) -> Path:
         """The background thread's part of a save: wait for DCP's files, then hash and complete; collective over
         the background group, so every rank raises the same :class:`BtkError` (collected by :meth:`wait`)."""
         try:
             written.result()
         except CheckpointException as error:  # raised on every rank when any rank's background write failed
             raise _not_written(root, step, _cause(error), local_rank=self.local_rank) from None
-        return _complete(root, step, local_rank=self.local_rank, keep=self.keep, group=self._group)
+        completed = _complete(root, step, local_rank=self.local_rank, keep=self.keep, group=self._group)
+        self._measured(step, started)  # read by the training thread only after wait() collected this future
+        return completed
+
+    def save_for_stop(self, deadline: float | None) -> str | None:
+        """The save of a stop (SIGTERM, the capacity deadline), unless it cannot finish by ``deadline``; collective.
+
+        A background save in flight is finished first, not abandoned: its files are already
+        being written, and it is what the run resumes from when this one is skipped. Then this
+        step is written, blocking, unless the latest measured save took longer than what is
+        left before ``deadline`` (epoch seconds, :meth:`btk_trainer.stopping.StopFlag.save_deadline`)
+        on any rank: a save the kill cuts short costs the time and the upload bandwidth the last
+        complete checkpoint's copy to S3 still needs, and saves nothing. Without a measurement
+        (the run's first save) it is written. Every rank takes the same decision.
+
+        Returns:
+            None when the checkpoint was written, else the one line saying why it was not.
+        """
+        self.wait()
+        step = self.state.step
+        left = None if deadline is None else deadline - time.time()
+        finding = None
+        if left is not None and self.save_seconds is not None and self.save_seconds > left:
+            finding = (f"the latest save took {self.save_seconds:.1f} s (step {self.measured_step}) and the stop "
+                       f"deadline leaves {max(left, 0.0):.1f} s (rank {dist.get_rank()})")
+        agreed = _agree(finding)
+        if agreed is not None:
+            return f"checkpoint step {step} not written: {agreed}"
+        self.save(blocking=True)
+        return None
 
     def _staging(self) -> Any:
         """One stager for the run: its host buffers (pinned on CUDA) are reused by every save, copies run in a

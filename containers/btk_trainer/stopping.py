@@ -21,6 +21,11 @@ milliseconds (1e11 s is the year 5138; 1e11 ms is March 1973), anything else sec
 trainer prints the block's end, the unit it read and its own deadline when it starts, so a
 wrong reading shows in the job's first log lines.
 
+The final save of a stop has a deadline too (:meth:`StopFlag.save_deadline`): SageMaker kills the
+job :data:`SIGTERM_GRACE_SECONDS` after its SIGTERM, and a capacity block's instances go at its
+termination; :meth:`btk_trainer.checkpoint.Checkpointer.save_for_stop` skips a save its measured
+duration says cannot finish by then, rather than start one the kill cuts short.
+
 Every rank decides locally (its own signal, its own clock); :class:`StopAgreement` makes all
 ranks act on the same micro-batch with MAX all-reduces on a CPU (gloo) group, so that on GPUs
 the check does not wait for the queued CUDA work: a blocking one once per optimizer step and
@@ -48,6 +53,12 @@ CAPACITY_BLOCK_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 CAPACITY_BLOCK_TERMINATION_LEAD = float(CAPACITY_TERMINATION_LEAD_SECONDS)
 CAPACITY_BLOCK_SAFETY_MARGIN = float(CAPACITY_STOP_MARGIN_SECONDS)
 
+
+#: SageMaker's StopTrainingJob (and a spot reclaim): "sends the algorithm the SIGTERM signal, which delays job
+#: termination for 120 seconds" (SageMaker API reference, StopTrainingJob).
+SIGTERM_GRACE_SECONDS = 120.0
+#: Left of a deadline after the final save: the log lines, the process group's teardown, torchrun's exit.
+SAVE_EXIT_MARGIN_SECONDS = 10.0
 
 #: An epoch timestamp above this is in milliseconds (1e11 seconds is the year 5138).
 MILLISECONDS_ABOVE = 1e11
@@ -120,6 +131,7 @@ class StopFlag:
 
     def __init__(self, deadline: float | None = None) -> None:
         self.signalled = False
+        self.signalled_at: float | None = None  # epoch seconds of the first SIGTERM
         self.deadline = deadline
         self._previous: Any = None
 
@@ -128,10 +140,25 @@ class StopFlag:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signalled_at is None:
+            self.signalled_at = time.time()
         self.signalled = True
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._previous)
+
+    def save_deadline(self) -> float | None:
+        """By when (epoch seconds) this rank's final save must be done; None when nothing bounds it.
+
+        After a SIGTERM: :data:`SIGTERM_GRACE_SECONDS` after it; on a capacity block: its
+        termination; the earlier of the two, each less :data:`SAVE_EXIT_MARGIN_SECONDS`.
+        """
+        ends = []
+        if self.signalled_at is not None:
+            ends.append(self.signalled_at + SIGTERM_GRACE_SECONDS)
+        if self.deadline is not None:
+            ends.append(self.deadline + CAPACITY_BLOCK_SAFETY_MARGIN)  # the block's termination
+        return min(ends) - SAVE_EXIT_MARGIN_SECONDS if ends else None
 
     def local(self) -> StopReason:
         passed = self.deadline is not None and time.time() >= self.deadline

@@ -571,27 +571,38 @@ class Trainer:
                 if self.state.step and self.checkpointer.should_save(self.state.step,
                                                                      stop_requested=result.interrupted):
                     self.read_steps(result)  # the checkpoint holds the settled non-finite count
-                    self.save(blocking=result.interrupted)
+                    self.save(stop=flag if result.interrupted else None)
             self.read_steps(result)
             self.stop_agreement.close()
             self.checkpointer.close()
 
-    def save(self, *, blocking: bool) -> None:
+    def save(self, *, stop: StopFlag | None = None) -> None:
         """Checkpoint the current state; rank 0 says how long the loop was held (stops have a deadline).
 
-        ``blocking`` (a stop: SIGTERM or the capacity deadline) writes it before returning;
-        otherwise the loop pays for the temp directory and the RNG files: the copy of the state, the
-        write and the hashing run in the background (:meth:`Checkpointer.save`).
+        ``stop`` (SIGTERM or the capacity deadline): written before returning, unless its measured
+        duration says it cannot finish by the stop's deadline
+        (:meth:`btk_trainer.checkpoint.Checkpointer.save_for_stop`); otherwise the loop pays for the
+        temp directory and the RNG files: the copy of the state, the write and the hashing run in the
+        background (:meth:`Checkpointer.save`).
         """
         started = time.perf_counter()
+        skipped = None
         with self.window.paused():  # tokens/s counts training time only
-            self.checkpointer.save(blocking=blocking)
+            if stop is None:
+                self.checkpointer.save(blocking=False)
+            else:
+                skipped = self.checkpointer.save_for_stop(stop.save_deadline())
         self.phases.add("checkpoint", time.perf_counter() - started)
-        if self.is_logger:
-            how = ("written" if blocking or not self.checkpointer.asynchronous
-                   else "handed to the background (staged and written while training goes on)")
-            print(f"btk: checkpoint step {self.state.step} {how} in {time.perf_counter() - started:.1f} s",
+        if not self.is_logger:
+            return
+        if skipped is not None:
+            resumes = self.checkpointer.last_saved
+            print(f"btk: {skipped}; {f'a restart resumes from step {resumes}' if resumes else 'nothing is saved'}",
                   flush=True)
+            return
+        how = ("written" if stop is not None or not self.checkpointer.asynchronous
+               else "handed to the background (staged and written while training goes on)")
+        print(f"btk: checkpoint step {self.state.step} {how} in {time.perf_counter() - started:.1f} s", flush=True)
 
     def train_step(self, step: int, flag: StopFlag, result: RunResult) -> tuple[
             torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -718,6 +729,9 @@ class Trainer:
             print(f"btk: {cause}: checkpoint at step {result.steps_done} written, exiting{dropped}", flush=True)
         elif result.steps_done <= (result.saved_step or 0):
             print(f"btk: {cause} at step {result.steps_done}: nothing to save, exiting{dropped}", flush=True)
+        elif self.checkpointer.root is not None:
+            print(f"btk: {cause} at step {result.steps_done}: its checkpoint could not be written before the "
+                  f"deadline, steps after {result.saved_step or 0} are lost{dropped}", flush=True)
         else:
             print(f"btk: {cause} at step {result.steps_done}: no checkpoint directory, progress lost{dropped}",
                   flush=True)

@@ -435,3 +435,41 @@ def test_a_background_save_holds_the_state_staged_and_hashes_off_the_training_th
     fresh = _checkpointer(tmp_path)
     assert fresh.resume() == tmp_path / step_dir_name(3)
     assert _equal(fresh.model.state_dict(), staged)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_stop_finishes_the_save_in_flight_and_skips_a_save_that_cannot_meet_the_deadline(tmp_path: Path) -> None:
+    """The save in flight (step 3) completes and stays the one to resume from; a new save (step 5) whose measured
+    duration is longer than what the deadline leaves is not started, on every rank, and the reason says which
+    figures decided."""
+    import time
+
+    dist.init_process_group("gloo")
+    checkpointer = _checkpointer(tmp_path)
+    checkpointer.state.step = 3
+    checkpointer.save(blocking=False)
+    checkpointer.state.step = 5
+    skipped = checkpointer.save_for_stop(time.time())  # the deadline is now: no save fits
+    assert skipped is not None and skipped.startswith("checkpoint step 5 not written: the latest save took")
+    assert "(step 3)" in skipped and "deadline leaves 0.0 s (rank 0)" in skipped
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [3] and checkpointer.last_saved == 3
+    assert not list(tmp_path.glob(".step_00000005*"))  # not even started
+    checkpointer.close()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_stop_saves_when_the_deadline_leaves_time_or_nothing_was_measured(tmp_path: Path) -> None:
+    import time
+
+    dist.init_process_group("gloo")
+    checkpointer = _checkpointer(tmp_path)
+    checkpointer.state.step = 2
+    assert checkpointer.save_for_stop(time.time() - 60) is None  # the run's first save: nothing measured, tried
+    assert checkpointer.save_seconds is not None and checkpointer.measured_step == 2
+    checkpointer.state.step = 3
+    checkpointer.save(blocking=False)
+    checkpointer.state.step = 4
+    assert checkpointer.save_for_stop(time.time() + 3600) is None
+    assert checkpointer.save_for_stop(None) is None  # nothing bounds it (already saved: written again is harmless)
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [3, 4] and checkpointer.last_saved == 4
+    checkpointer.close()

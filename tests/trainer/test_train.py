@@ -252,3 +252,28 @@ def test_divergence_fails_the_job_with_one_line(tmp_path: Path, monkeypatch: pyt
     assert "not finite at step 5" in failure and "learning_rate" in failure and "bf16" in failure
     parsed = [parse_metric_line(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["nonfinite_steps"] for p in parsed if p] == [0, 0, 1, 2]  # visible although loss=nan
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_sigterm_whose_save_cannot_meet_the_kill_keeps_the_background_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """SageMaker kills the job SIGTERM_GRACE_SECONDS after its SIGTERM; made 0 here, no save fits: the background
+    save of step 2 is finished, step 3's is not started, the log says why and from where a restart resumes, the
+    exit status says the last step was not saved, and a restart resumes from step 2."""
+    import btk_trainer.stopping
+
+    monkeypatch.setattr(btk_trainer.stopping, "SIGTERM_GRACE_SECONDS", 0.0)
+    spec = tiny_spec(job={"checkpoint_interval_steps": 2})
+    result = train(RunConfig(spec=spec, max_steps=10, device="cpu", checkpoint_dir=tmp_path / "ckpt",
+                             on_step_end=sigterm_after(3)))
+    assert result.interrupted and result.steps_done == 3 and result.saved_step == 2
+    assert [step for step, _ in complete_checkpoints(tmp_path / "ckpt")] == [2]
+    out = capsys.readouterr().out
+    assert "btk: checkpoint step 3 not written: the latest save took" in out
+    assert "a restart resumes from step 2" in out
+    assert ("btk: SIGTERM at step 3: its checkpoint could not be written before the deadline, steps after 2 are "
+            "lost") in out
+    assert exit_code(result) == EXIT_STOPPED_UNSAVED
+    monkeypatch.undo()
+    resumed = train(RunConfig(spec=spec, max_steps=4, device="cpu", checkpoint_dir=tmp_path / "ckpt"))
+    assert resumed.resumed_from == 2 and resumed.steps_done == 4
