@@ -6,6 +6,11 @@ visits every window once in an order drawn from ``seed + epoch``. A global micro
 ``dp_size * micro_batch_size`` consecutive windows of that order; data-parallel rank ``r``
 takes its ``r``-th slice. The sampler's whole state is ``(epoch, position)``, saved in every
 checkpoint, so a resumed run sees exactly the batches an uninterrupted one would.
+
+Documents are packed: a window holds the end of one, whole ones, the start of another, each
+ended by the dataset's ``eos_token_id``. Every micro-batch carries, beside its inputs and targets,
+the document each input token belongs to inside its window (:func:`document_ids`), which is what
+attention restricted to documents needs (a block mask from ``documents[q] == documents[kv]``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -145,6 +150,7 @@ class TokenShards:
         else:
             self.manifest = read_manifest(directory)
         self.seq_len = seq_len
+        self.eos_token_id: int | None = self.manifest.eos_token_id
         self._dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self._files = [self._open(shard.file) for shard in self.manifest.shards]
         weakref.finalize(self, _close_all, list(self._files))
@@ -275,36 +281,61 @@ class ResumableSampler:
 
 
 class Windows(Protocol):
-    """Anything that serves fixed-length token windows: shards, or synthetic tokens."""
+    """Anything that serves fixed-length token windows: shards, or synthetic tokens.
+
+    ``eos_token_id``: the token that ends each packed document; None when the tokens are not
+    documents (synthetic), and then a window is one document.
+    """
+
+    eos_token_id: int | None
 
     def __len__(self) -> int: ...
     def window(self, index: int) -> np.ndarray[Any, Any]: ...
 
 
-HostBatch = tuple[torch.Tensor, torch.Tensor]
+class Batch(NamedTuple):
+    """One rank's micro-batch: ``inputs`` and ``targets`` (batch, seq) int64, ``documents`` (batch, seq) int32."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    documents: torch.Tensor
+
+
+HostBatch = Batch  # in host memory (pinned when bound for a GPU)
+
+
+def document_ids(inputs: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
+    """The index of the document each input token belongs to within its window, (batch, seq) int32.
+
+    A document ends with its ``eos_token_id``, which still belongs to it; the token after it starts
+    the next one: the index is the number of end-of-document tokens strictly before the position.
+    Without an ``eos_token_id`` every window is one document (index 0 throughout).
+    """
+    if eos_token_id is None:
+        return torch.zeros(inputs.shape, dtype=torch.int32)
+    ends = (inputs == eos_token_id).to(torch.int32)
+    return torch.cumsum(ends, dim=1, dtype=torch.int32) - ends
 
 
 def read_batch(shards: Windows, indices: list[int], *, pin: bool) -> HostBatch:
-    """(inputs, targets) of the windows ``indices`` in host memory, pinned when ``pin`` (a CUDA copy to come)."""
+    """The windows ``indices`` as a :class:`Batch` in host memory, pinned when ``pin`` (a CUDA copy to come)."""
     tokens = torch.from_numpy(np.stack([shards.window(i) for i in indices]))
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    batch = Batch(inputs, targets, document_ids(inputs, shards.eos_token_id))
     if pin:
-        return inputs.pin_memory(), targets.pin_memory()
-    return inputs, targets
+        return Batch(*(tensor.pin_memory() for tensor in batch))
+    return batch
 
 
-def to_device(batch: HostBatch, device: torch.device) -> HostBatch:
+def to_device(batch: HostBatch, device: torch.device) -> Batch:
     """The batch on ``device``: a copy queued on the current stream from pinned memory, on CUDA."""
     if device.type != "cuda":
         return batch
-    inputs, targets = batch
-    return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+    return Batch(*(tensor.to(device, non_blocking=True) for tensor in batch))
 
 
-def next_batch(
-    shards: Windows, sampler: ResumableSampler, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of shape (micro_batch_size, seq_len) for this rank, read now."""
+def next_batch(shards: Windows, sampler: ResumableSampler, device: torch.device) -> Batch:
+    """This rank's next micro-batch, each tensor (micro_batch_size, seq_len), read now."""
     return to_device(read_batch(shards, sampler.next_indices(), pin=device.type == "cuda"), device)
 
 
@@ -324,15 +355,30 @@ class BatchLoader:
         self._pin = device.type == "cuda"
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="btk-data")
         self._pending: dict[tuple[int, int], Future[HostBatch]] = {}
+        self.windows_read = 0  # windows handed to the model so far, and the documents they held
+        self.documents_read = 0
+        self.mixed_windows = 0  # windows holding more than one document
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of the sampler's next micro-batch on the device; advances the sampler."""
+    def next(self) -> Batch:
+        """The sampler's next micro-batch on the device; advances the sampler."""
         state = self.sampler.state
         ready = self._pending.pop((state.epoch, state.position), None)
         indices = self.sampler.next_indices()
         batch = ready.result() if ready is not None else read_batch(self.shards, indices, pin=self._pin)
         self._read_ahead()
+        per_window = batch.documents[:, -1] + 1  # host memory: no device sync
+        self.windows_read += per_window.numel()
+        self.documents_read += int(per_window.sum())
+        self.mixed_windows += int((per_window > 1).sum())
         return to_device(batch, self.device)
+
+    def documents_line(self) -> str | None:
+        """One line on how documents share the windows read so far; None before any window."""
+        if not self.windows_read:
+            return None
+        return (f"btk: packed windows hold {self.documents_read / self.windows_read:.2f} documents on average, "
+                f"{100 * self.mixed_windows / self.windows_read:.0f}% of them more than one "
+                f"({self.windows_read} windows read; attention is causal over the whole window)")
 
     def _read_ahead(self) -> None:
         upcoming = self.sampler.upcoming(self.ahead)

@@ -49,7 +49,7 @@ from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
 from btk_trainer.checkpoint import Checkpointer, TrainerState
-from btk_trainer.data import BatchLoader, ResumableSampler, TokenShards, Windows, next_batch
+from btk_trainer.data import Batch, BatchLoader, ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.exiting import exit_without_finalizing
 from btk_trainer.launch import load_hyperparameters, report_failure
 from btk_trainer.layout import MeshShape, accumulation_for
@@ -84,6 +84,8 @@ GC_INTERVAL_STEPS = 50
 
 class SyntheticWindows:
     """Deterministic random token windows (benchmarks and tests without a dataset)."""
+
+    eos_token_id: int | None = None  # random tokens: no documents
 
     def __init__(self, vocab_size: int, seq_len: int, count: int = 1 << 16, seed: int = 0) -> None:
         self.vocab_size, self.seq_len, self.count, self.seed = vocab_size, seq_len, count, seed
@@ -262,7 +264,7 @@ def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
     *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
     phases: PhaseTimes | None = None, context: Callable[[], AbstractContextManager[Any]] = nullcontext,
-    batches: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    batches: Callable[[], Batch] | None = None,
 ) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
@@ -287,10 +289,10 @@ def forward_backward(
         if defer_all_reduce:
             cast(FSDPModule, model).set_requires_all_reduce(micro == accumulation - 1)
         with timer.phase("data"):
-            inputs, targets = batches() if batches is not None else next_batch(windows, sampler, device)
+            batch = batches() if batches is not None else next_batch(windows, sampler, device)
         with context():
             with timer.phase("forward"):
-                loss = model(inputs, targets) / accumulation
+                loss = model(batch.inputs, batch.targets) / accumulation
             with timer.phase("backward"):
                 loss.backward()
         loss_sum += loss.detach()
@@ -479,6 +481,7 @@ class Trainer:
         self.windows, self.sampler = build_data(config, self.spec, self.dp_rank, self.dp_size)
         self.state = TrainerState(self.sampler)
         self.loader = BatchLoader(self.windows, self.sampler, self.placement.device)
+        self.documents_told = False  # the first metric line is followed by how documents share the windows
         self.checkpointer = Checkpointer(
             config.checkpoint_dir, model=self.model, optimizer=self.optimizer, state=self.state,
             interval=self.spec.job.checkpoint_interval_steps, keep=self.spec.job.keep_last_checkpoints,
@@ -710,6 +713,9 @@ class Trainer:
             print(format_metric_line(step=step, loss=mean_loss, tokens_per_second_per_gpu=tokens_per_second,
                                      tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib,
                                      nonfinite_steps=nonfinite), flush=True)
+            if not self.documents_told and self.windows.eos_token_id is not None:
+                print(self.loader.documents_line(), flush=True)  # this rank's windows: a sample of the data
+                self.documents_told = True
         self.window.reset()
 
     def announce_stop(self, result: RunResult) -> None:

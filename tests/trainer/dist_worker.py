@@ -620,7 +620,7 @@ def token_loss_rounding(low: torch.nn.Module, exact: torch.nn.Module, batches: l
 
     changes = []
     with torch.no_grad():
-        for inputs, targets in batches:
+        for inputs, targets, _documents in batches:
             per_token = [cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten(), reduction="none")
                          for model in (low, exact)]
             changes.append(per_token[0] - per_token[1])
@@ -680,7 +680,7 @@ def reference_training(spec: JobHyperparameters, dp_size: int, steps: int) -> tu
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for ranks in micro_batches:
-            for inputs, targets in ranks:
+            for inputs, targets, _documents in ranks:
                 loss = model(inputs, targets) / accumulation
                 (loss / dp_size).backward()
                 loss_sum += float(loss.detach()) / dp_size

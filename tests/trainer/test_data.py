@@ -155,9 +155,47 @@ def test_next_batch_shapes(tmp_path: Path) -> None:
     tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", _docs(60))], tok_path, tmp_path / "ds", shard_tokens=100)
     shards = TokenShards(tmp_path / "ds", seq_len=9)
     sampler = ResumableSampler(len(shards), micro_batch_size=3, dp_rank=0, dp_size=1, seed=0)
-    inputs, targets = next_batch(shards, sampler, torch.device("cpu"))
-    assert inputs.shape == targets.shape == (3, 9) and inputs.dtype == torch.int64
+    inputs, targets, documents = next_batch(shards, sampler, torch.device("cpu"))
+    assert inputs.shape == targets.shape == documents.shape == (3, 9) and inputs.dtype == torch.int64
+    assert documents.dtype == torch.int32
     torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
+
+
+def _documents_by_hand(window: list[int], eos: int) -> list[int]:
+    """Each position's document, found by walking the window: a new document starts after every end token."""
+    found, current = [], 0
+    for token in window:
+        found.append(current)
+        if token == eos:
+            current += 1
+    return found
+
+
+def test_every_batch_carries_each_tokens_document_from_the_datasets_end_of_document_token(tmp_path: Path) -> None:
+    """Read from real shards: positions split at the manifest's eos_token_id (the end token is its document's last),
+    every window's documents counted from 0, and the windows together hold documents of the lengths the jsonl had."""
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    docs = _docs(40)
+    manifest = tokenize_to_shards([write_jsonl(tmp_path / "a.jsonl", docs)], tok_path, tmp_path / "ds",
+                                  shard_tokens=400)
+    shards = TokenShards(tmp_path / "ds", seq_len=31)
+    assert shards.eos_token_id == manifest.eos_token_id
+    sampler = ResumableSampler(len(shards), micro_batch_size=4, dp_rank=0, dp_size=1, seed=3)
+    mixed = 0
+    for _ in range(3):
+        inputs, _, documents = next_batch(shards, sampler, torch.device("cpu"))
+        for window, found in zip(inputs.tolist(), documents.tolist(), strict=True):
+            assert found == _documents_by_hand(window, manifest.eos_token_id)
+            mixed += found[-1] > 0
+    assert mixed > 0  # short documents: windows mix them, which is what the boundaries are for
+
+
+def test_windows_without_documents_are_one_document_each() -> None:
+    from btk_trainer.data import document_ids
+
+    tokens = torch.tensor([[5, 2, 2, 7], [1, 1, 1, 1]])
+    assert document_ids(tokens, None).tolist() == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert document_ids(tokens, 2).tolist() == [[0, 0, 1, 2], [0, 0, 0, 0]]  # an empty document between two ends
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -447,6 +485,8 @@ def test_a_read_only_dataset_directory_leaves_the_record_to_the_checkpoint_direc
 
 class _RecordingWindows:
     """Synthetic windows that remember which thread read each."""
+
+    eos_token_id = 12  # windows are arange(index, index + 9): window i ends a document where 12 falls
 
     def __init__(self, count: int) -> None:
         self.count, self.readers = count, []  # type: list[str]

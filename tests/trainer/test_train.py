@@ -277,3 +277,18 @@ def test_a_sigterm_whose_save_cannot_meet_the_kill_keeps_the_background_checkpoi
     monkeypatch.undo()
     resumed = train(RunConfig(spec=spec, max_steps=4, device="cpu", checkpoint_dir=tmp_path / "ckpt"))
     assert resumed.resumed_from == 2 and resumed.steps_done == 4
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_run_on_packed_documents_says_how_they_share_the_windows(
+        dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Once, after the first metric line: documents per window and the share of windows mixing documents, counted
+    from the boundaries the batches carry (the dataset's documents are shorter than a window, so every one mixes)."""
+    import re
+
+    train(RunConfig(spec=tiny_spec(), data_dir=dataset, max_steps=2, device="cpu"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "packed windows" in line]
+    assert len(lines) == 1
+    found = re.fullmatch(r"btk: packed windows hold (\d+\.\d\d) documents on average, (\d+)% of them more than one "
+                         r"\((\d+) windows read; attention is causal over the whole window\)", lines[0])
+    assert found is not None and float(found[1]) > 1.0 and found[2] == "100" and int(found[3]) > 0
