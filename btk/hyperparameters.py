@@ -7,7 +7,8 @@ The pipeline writes them, the trainer reads them back; both through this module.
 * ``arch.<field>`` for the :class:`~btk.profile.ModelArchitecture` (the fields it lists in
   ``LEFT_OUT_AT_DEFAULT`` only when not at their default, so the jobs of profiles that do not use
   them keep exactly the hyperparameters they had before those fields existed);
-* ``train.<field>`` for the :class:`~btk.profile.TrainingIntent` (learning rate, ...);
+* ``train.<field>`` for the :class:`~btk.profile.TrainingIntent` (learning rate, ...; the fields it
+  lists in ``LEFT_OUT_AT_DEFAULT`` only when not at their default);
 * ``job.<field>`` for :class:`JobSettings` (profile name, checkpointing cadence, seed; the fields
   it lists in ``LEFT_OUT_AT_DEFAULT`` likewise only when not at their default).
 

@@ -305,6 +305,9 @@ class TrainingIntent(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Left out of job hyperparameters at their defaults: jobs of profiles that do not set them are unchanged.
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("document_masking",)
+
     seq_len: int = Field(ge=16, le=MAX_SEQ_LEN)
     global_batch_tokens: int = Field(
         ge=16, le=MAX_GLOBAL_BATCH_TOKENS, description="target tokens per optimizer step"
@@ -316,6 +319,11 @@ class TrainingIntent(BaseModel):
     weight_decay: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False)
     # Clipping at 1.0 is the rule for LLM pre-training; a bound in the thousands never clips.
     max_grad_norm: float = Field(default=1.0, gt=0, le=MAX_GRAD_NORM, allow_inf_nan=False)
+    document_masking: bool = Field(
+        default=False,
+        description="attend within each packed document only (its tokens, up to its end-of-document token), as "
+        "long-context recipes do; off: causal attention over the whole window, documents seeing the ones before",
+    )
 
 
 class KnobPins(BaseModel):

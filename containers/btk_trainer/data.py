@@ -372,13 +372,15 @@ class BatchLoader:
         self.mixed_windows += int((per_window > 1).sum())
         return to_device(batch, self.device)
 
-    def documents_line(self) -> str | None:
-        """One line on how documents share the windows read so far; None before any window."""
+    def documents_line(self, masked: bool) -> str | None:
+        """One line on how documents share the windows read so far, and whether attention crosses them (``masked``:
+        ``train.document_masking``); None before any window."""
         if not self.windows_read:
             return None
+        attention = "attention stays within each document" if masked else "attention is causal over the whole window"
         return (f"btk: packed windows hold {self.documents_read / self.windows_read:.2f} documents on average, "
                 f"{100 * self.mixed_windows / self.windows_read:.0f}% of them more than one "
-                f"({self.windows_read} windows read; attention is causal over the whole window)")
+                f"({self.windows_read} windows read; {attention})")
 
     def _read_ahead(self) -> None:
         upcoming = self.sampler.upcoming(self.ahead)

@@ -150,6 +150,43 @@ def attention_backends(device_type: str) -> list[SDPBackend]:
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # CPU: torch's flash kernel for CPU, else math
 
 
+AttentionMask = Any
+"""What :meth:`Decoder.attention_mask` makes of a micro-batch's documents: a ``BlockMask`` for
+``flex_attention`` on CUDA, a dense boolean (batch, 1, seq, seq) mask for SDPA elsewhere; None for
+plain causal attention over the whole window."""
+
+
+def same_document_causal(documents: torch.Tensor) -> Callable[[Any, Any, Any, Any], Any]:
+    """The mask rule of document masking as a ``flex_attention`` ``mask_mod``: a query attends to a key at or
+    before it in the same document (``documents``: (batch, seq), :func:`btk_trainer.data.document_ids`)."""
+
+    def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
+        return (query >= key) & (documents[batch, query] == documents[batch, key])
+
+    return mask_mod
+
+
+def dense_document_mask(documents: torch.Tensor) -> torch.Tensor:
+    """The same rule as :func:`same_document_causal`, spelled out: (batch, 1, seq, seq) bool, True where attended."""
+    seq = documents.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=documents.device).tril()
+    return (causal & (documents[:, :, None] == documents[:, None, :]))[:, None]
+
+
+_compiled_flex_attention: Any = None
+
+
+def flex_attention_compiled() -> Any:
+    """``flex_attention`` compiled once per process: uncompiled it builds the full score matrix (inside a compiled
+    block the call is traced into the block's graph either way, as torchtitan does)."""
+    global _compiled_flex_attention
+    if _compiled_flex_attention is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled_flex_attention = torch.compile(flex_attention)
+    return _compiled_flex_attention
+
+
 def scales_norms_in_fp32(arch: ModelArchitecture) -> bool:
     """Whether the architecture's norms scale before casting back (OLMo 2's ``Olmo2RMSNorm``, all of its norms)."""
     return arch.norms_scale_in_fp32
@@ -186,7 +223,8 @@ class Attention(nn.Module):
         """(batch, seq, width) -> (batch, seq, heads, head_dim)."""
         return x.view(x.shape[0], x.shape[1], -1, self.head_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: AttentionMask = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.qk_norm == "projection":
@@ -197,8 +235,15 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
-        with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_groups > 1)
+        gqa = self.num_groups > 1
+        if mask is None:
+            with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif isinstance(mask, torch.Tensor):
+            with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        else:
+            out = flex_attention_compiled()(q, k, v, block_mask=mask, enable_gqa=gqa)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         return projected
 
@@ -255,12 +300,13 @@ class DecoderLayer(nn.Module):
         if not self.pre_norm:
             self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: AttentionMask = None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
             out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
             return out
-        x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin))
+        x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, mask))
         post: torch.Tensor = x + self.post_feedforward_layernorm(self.mlp(x))
         return post
 
@@ -458,17 +504,38 @@ class Decoder(nn.Module):
             self._rope_cache[key] = (cos.to(dtype), sin.to(dtype))
         return self._rope_cache[key]
 
-    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (after the last norm), shape (batch, seq, hidden)."""
+    @staticmethod
+    def attention_mask(documents: torch.Tensor | None) -> AttentionMask:
+        """The attention mask of a micro-batch's documents, built once and shared by every block; None: causal.
+
+        On CUDA a ``BlockMask`` for ``flex_attention`` (blocks of 128 x 128 positions that no query
+        attends are skipped, so the cost follows the documents' lengths); elsewhere the dense mask
+        SDPA takes (``flex_attention`` has no CPU backward in torch 2.13). Both apply
+        :func:`same_document_causal`'s rule.
+        """
+        if documents is None:
+            return None
+        if documents.device.type != "cuda":
+            return dense_document_mask(documents)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        batch, seq = documents.shape
+        return create_block_mask(same_document_causal(documents), batch, None, seq, seq, device=documents.device)
+
+    def hidden(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states (after the last norm), shape (batch, seq, hidden); ``documents`` (batch, seq): attend
+        within each document only (:meth:`attention_mask`)."""
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rope(tokens.shape[1], tokens.device, x.dtype)
+        mask = self.attention_mask(documents)
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, mask)
         normed: torch.Tensor = self.model.norm(x)
         return normed
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.hidden(tokens)
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.hidden(tokens, documents)
         if targets is None:
             logits: torch.Tensor = self.lm_head(hidden)
             return logits

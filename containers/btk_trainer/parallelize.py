@@ -374,8 +374,8 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
         model.lm_head.weight = model.model.embed_tokens.weight
     model.loss_fn = VocabParallelCrossEntropy()
     plan = {
-        "self_attn": prepare_input(input_layouts=(Shard(1), None, None),
-                                   desired_input_layouts=(Replicate(), None, None)),
+        "self_attn": prepare_input(input_layouts=(Shard(1), None, None, None),  # x, cos, sin, mask
+                                   desired_input_layouts=(Replicate(), None, None, None)),
         "self_attn.q_proj": colwise(),
         "self_attn.k_proj": colwise(),
         "self_attn.v_proj": colwise(),

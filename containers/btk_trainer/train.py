@@ -264,7 +264,7 @@ def forward_backward(
     model: Decoder, windows: Windows, sampler: ResumableSampler, device: torch.device, accumulation: int,
     *, defer_all_reduce: bool = False, stop_agreed: Callable[[int], bool] | None = None,
     phases: PhaseTimes | None = None, context: Callable[[], AbstractContextManager[Any]] = nullcontext,
-    batches: Callable[[], Batch] | None = None,
+    batches: Callable[[], Batch] | None = None, mask_documents: bool = False,
 ) -> torch.Tensor | None:
     """One optimizer step's gradients: ``accumulation`` micro-batches, loss scaled by 1/accumulation.
 
@@ -276,7 +276,8 @@ def forward_backward(
     ``context`` makes what each micro-batch's forward and backward run under
     (:func:`~btk_trainer.parallelize.train_context`: ``loss_parallel()`` with tensor parallelism).
     ``batches`` gives the next micro-batch (the trainer's :class:`~btk_trainer.data.BatchLoader`,
-    reading ahead); by default each one is read when needed.
+    reading ahead); by default each one is read when needed. ``mask_documents``
+    (``train.document_masking``): each token attends within its own document only.
     Returns this rank's summed (scaled) loss as a detached tensor.
     """
     timer = phases or PhaseTimes(None)
@@ -292,7 +293,7 @@ def forward_backward(
             batch = batches() if batches is not None else next_batch(windows, sampler, device)
         with context():
             with timer.phase("forward"):
-                loss = model(batch.inputs, batch.targets) / accumulation
+                loss = model(batch.inputs, batch.targets, batch.documents if mask_documents else None) / accumulation
             with timer.phase("backward"):
                 loss.backward()
         loss_sum += loss.detach()
@@ -640,7 +641,7 @@ class Trainer:
                                     self.spec.knobs.gradient_accumulation_steps,
                                     defer_all_reduce=self.shape.dp_replicate > 1, stop_agreed=stop_agreed,
                                     phases=self.phases, context=lambda: train_context(self.shape),
-                                    batches=self.loader.next)
+                                    batches=self.loader.next, mask_documents=self.spec.training.document_masking)
         if loss_sum is None:
             self.optimizer.zero_grad(set_to_none=True)
             self.sampler.load_state_dict(data_position)
@@ -714,7 +715,7 @@ class Trainer:
                                      tflops_per_gpu=tflops, mfu=mfu, peak_memory_gib=peak_gib,
                                      nonfinite_steps=nonfinite), flush=True)
             if not self.documents_told and self.windows.eos_token_id is not None:
-                print(self.loader.documents_line(), flush=True)  # this rank's windows: a sample of the data
+                print(self.loader.documents_line(self.spec.training.document_masking), flush=True)  # a sample
                 self.documents_told = True
         self.window.reset()
 

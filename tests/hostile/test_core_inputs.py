@@ -114,7 +114,8 @@ def test_known_keys_are_exactly_what_the_encoder_writes() -> None:
     of the job, read back as the default) is written."""
     written = set(to_hyperparameters(_spec()))
     left_out = {f"arch.{name}" for name in ModelArchitecture.LEFT_OUT_AT_DEFAULT} | {
-        f"job.{name}" for name in JobSettings.LEFT_OUT_AT_DEFAULT}
+        f"job.{name}" for name in JobSettings.LEFT_OUT_AT_DEFAULT} | {
+        f"train.{name}" for name in TrainingIntent.LEFT_OUT_AT_DEFAULT}
     assert sorted(known_keys()) == sorted(written | left_out) and not written & left_out
 
 
@@ -124,6 +125,16 @@ def test_async_tensor_parallel_is_written_only_when_a_job_asks_for_it() -> None:
     asked = _spec(async_tensor_parallel=True)
     encoded = to_hyperparameters(asked)
     assert encoded["job.async_tensor_parallel"] == "true" and from_hyperparameters(encoded) == asked
+
+
+def test_document_masking_is_written_only_when_a_profile_asks_for_it() -> None:
+    assert "train.document_masking" not in to_hyperparameters(_spec())
+    asked = _spec().model_copy(update={"training": TRAINING.model_copy(update={"document_masking": True})})
+    encoded = to_hyperparameters(asked)
+    assert encoded["train.document_masking"] == "true" and from_hyperparameters(encoded) == asked
+    with pytest.raises(BtkError, match=r"train\.document_masking") as raised:
+        from_hyperparameters(encoded | {"train.document_masking": "sometimes"})
+    assert "\n" not in str(raised.value)
 
 
 def test_nested_hyperparameter_that_is_not_json_names_the_key() -> None:

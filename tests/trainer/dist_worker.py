@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import RANK_START_METHOD, sigterm_after, tiny_spec  # noqa: E402
+from trainer_fixtures import RANK_START_METHOD, masked, sigterm_after, tiny_spec  # noqa: E402
 
 from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
@@ -127,7 +127,13 @@ def check_tp_training(workdir: Path, data_dir: Path) -> dict[str, Any]:
                                 capability=(8, 9)))
     fp8_tp = train(RunConfig(spec=tiny_spec(tensor_parallel=2, micro_batch_size=4, **fp8),
                              data_dir=data_dir, max_steps=3, device="cpu", capability=(8, 9)))
+    # Document masking: the mask rides beside the sequence-parallel activations (TP=2) unchanged.
+    masked_plain = train(RunConfig(spec=masked(tiny_spec()), data_dir=data_dir, max_steps=3, device="cpu"))
+    masked_tp = train(RunConfig(spec=masked(tiny_spec(tensor_parallel=2, micro_batch_size=4)), data_dir=data_dir,
+                                max_steps=3, device="cpu"))
     return {
+        "masked_loss_diff": max(abs(masked_plain.losses[s] - masked_tp.losses[s]) for s in plain.losses),
+        "masked_vs_plain_loss_diff": max(abs(masked_plain.losses[s] - plain.losses[s]) for s in plain.losses),
         "grad_norms": [[plain.grad_norms[s], tp.grad_norms[s]] for s in sorted(plain.grad_norms)],
         "loss_diff": max(abs(plain.losses[s] - tp.losses[s]) for s in plain.losses),
         "max_weight_diff": max(float((a[k] - b[k]).abs().max()) for k in a) if a else -1.0,

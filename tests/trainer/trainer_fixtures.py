@@ -106,6 +106,11 @@ def tiny_spec(**knob_values: Any) -> JobHyperparameters:
     return JobHyperparameters(knobs=knobs, architecture=tiny_llama(), training=intent, job=settings)
 
 
+def masked(spec: JobHyperparameters) -> JobHyperparameters:
+    """``spec`` with ``train.document_masking`` on."""
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"document_masking": True})})
+
+
 def sigterm_after(stop: int) -> Callable[[int], None]:
     """A step hook that sends this process a real SIGTERM right after step ``stop``."""
 
