@@ -5,8 +5,9 @@ prediction of the fit to all runs, the prediction of a fit *without every run of
 (leave-source-out), and the memory model's error (leave-one-out: only the reserve of runs
 launched with the default CUDA allocator is fitted). Then the fitted constants, to be copied
 into ``btk/hardware.py``, ``btk/planner/throughput.py`` and ``btk/planner/calibration.py``;
-the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the table of
-``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit, with how
+the neighbour weight of the error bands and how the bands, rebuilt without each source, cover that
+source's runs; the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the
+tables of ``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit, with how
 many of them the printed bands cover.
 
 Run: ``.venv/bin/python benchmarks/calibrate.py [--write]``; ``--write`` stores the bands in
@@ -19,7 +20,20 @@ import argparse
 import json
 import statistics
 
-from btk.planner.band import BAND_FILE, band_summary, coverage_table, regime_table
+from btk.planner.band import (
+    BAND_FILE,
+    NEIGHBOUR_WEIGHTS,
+    OTHER_FAMILY_WEIGHTS,
+    Weights,
+    band_calibration,
+    band_summary,
+    calibration_table,
+    coverage_gaps,
+    coverage_table,
+    regime_table,
+    residuals_of,
+    stored_weights,
+)
 from btk.planner.calibration import (
     NAMES,
     _to_vector,
@@ -59,8 +73,24 @@ def main() -> None:
         runs = [result for result in results if source_of(result.point) == source]
         worst = max(abs(result.left_out_error) for result in runs)
         print(f"  {len(runs):3} runs, worst {worst:6.1%}  {source}")
-    summary = band_summary(points, {r.point.id: r.left_out_error for r in results}, results)
-    print("\nband per regime (worst leave-source-out error of its runs):")
+    left_out = {r.point.id: r.left_out_error for r in results}
+    summary = band_summary(points, left_out, results)
+    residuals = residuals_of(points, left_out)
+    chosen = stored_weights(summary)
+    print(f"\nweights of neighbouring regimes (bands rebuilt without each source, covering its runs; target "
+          f"{summary['target_coverage']:.0%}; the least gaps, overall plus mean per regime, are chosen):")
+    for neighbour in NEIGHBOUR_WEIGHTS:
+        cells = []
+        for other in OTHER_FAMILY_WEIGHTS:
+            checked = band_calibration(residuals, Weights(neighbour, other))
+            overall, regimes = coverage_gaps(checked)
+            mark = "*" if Weights(neighbour, other) == chosen else " "
+            cells.append(f"{other:4}: {overall:4.0%} ({min(regimes.values()):.0%}-{max(regimes.values()):.0%}){mark}")
+        print(f"  same family {neighbour:3}, other family " + "  ".join(cells))
+    print("\nthe bands' own calibration (each source's runs against bands built without it):")
+    print("\n".join(calibration_table(summary)))
+    print(f"\nband per regime ({summary['target_coverage']:.0%} weighted conformal quantile of leave-source-out "
+          "errors):")
     print("\n".join(regime_table(summary)))
     held = load_held_out()
     errors = [predict_tokens_per_second(point, params) / point.tokens_per_second_per_gpu - 1 for point in held]
@@ -71,7 +101,7 @@ def main() -> None:
         absolute = [abs(error) for error in errors]
         print(f"  median |error| {statistics.median(absolute):.1%}, worst {max(absolute):.1%}")
         print("\nthe held-out runs against the bands the planner prints for them (the stored bands):")
-        print("\n".join(coverage_table(held, errors)))
+        print("\n".join(coverage_table(held, errors, summary)))
     if args.write:
         BAND_FILE.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {BAND_FILE}")

@@ -1,29 +1,41 @@
-"""The error band a prediction carries: how far the calibration's leave-source-out predictions
-missed the published runs in the *regime* of the question, and whether the question lies
-inside the published evidence at all.
+"""The error band a prediction carries: an interval meant to hold the measured tokens/s of
+:data:`TARGET_COVERAGE` of runs like the question, built from how far the calibration's
+leave-source-out predictions missed the published runs, and whether the question lies inside
+the published evidence at all.
 
 A regime is a GPU family, a model size (under 5B, 5-20B, 20B and over), a sequence length (up
-to 8k, over 8k) and a node count (one, several). Each published run is predicted by a fit
-that never saw its source (``calibration.leave_source_out``); a regime's band is the worst
-of those errors among its runs. Where the question's own regime holds fewer than
-:data:`MIN_POINTS` runs, the band is that of the nearest coarser regime that holds enough
-(any node count, then any sequence length, then the whole GPU family), and the output names
-the regime it used.
+to 8k, over 8k) and a node count (one, several). Each published run is predicted by a fit that
+never saw its source (``calibration.leave_source_out``); its absolute relative error is its
+*residual*. The band of a question is a **weighted conformal quantile** of those residuals
+(Tibshirani, Barber, Candes and Ramdas, "Conformal prediction under covariate shift", 2019):
+each run weighs 1 when it is of the question's own regime, ``neighbour_weight ** level`` when
+it first shares a coarser regime of the same GPU family (level 1: any node count, 2: any
+sequence length, 3: the family) and ``other_family_weight`` when it is of another family; the
+question itself weighs 1 at infinity, and the band is the smallest residual below which
+:data:`TARGET_COVERAGE` of that total weight lies. With a regime's own runs alone this is the
+split-conformal quantile, which covers a new run of the regime with at least the target
+probability *if its residual is exchangeable with theirs* (the method's assumption); a regime
+with few runs is shrunk towards its neighbours' residuals, and a regime with none borrows from
+them entirely (the output says how many runs are its own). The two weights are those of
+:data:`NEIGHBOUR_WEIGHTS` x :data:`OTHER_FAMILY_WEIGHTS` whose bands, rebuilt without each
+source in turn, cover that source's runs closest to the target, overall and per regime
+(:func:`band_calibration`; ``docs/calibration.md`` prints that check per regime).
 
 A question outside the evidence gets no band: a GPU family without a published run, or a
 model size, sequence length or node count beyond the published runs' range (all families
 together: the terms those describe are fitted across families). The output then says
 "outside the published evidence" and by how far.
 
-``benchmarks/calibrate.py --write`` computes the bands from ``calibration_points.json`` and
-stores them in ``calibration_band.json``; ``tests/planner/test_calibration.py`` checks the
-stored bands against a fresh fit, and ``docs/calibration.md``'s table against the stored bands.
+``benchmarks/calibrate.py --write`` stores the residuals, the chosen weight and the bands per
+regime in ``calibration_band.json``; ``tests/planner/test_calibration.py`` checks the stored
+file against a fresh fit, and ``docs/calibration.md``'s tables against it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -41,10 +53,17 @@ SIZE_BINS = ((5e9, "under 5B"), (20e9, "5-20B"), (math.inf, "20B and over"))
 SEQUENCE_BINS = ((8192, "seq up to 8k"), (math.inf, "seq over 8k"))
 """Upper bounds (inclusive) of the sequence-length bins, in tokens."""
 NODE_BINS = ((1, "1 node"), (math.inf, "2+ nodes"))
-MIN_POINTS = 3
-"""Fewer runs than this in a regime do not make a band: the next coarser regime's is used."""
 ANY = "any"
-METHOD = "worst leave-source-out error of the published runs in the regime (docs/calibration.md)"
+TARGET_COVERAGE = 0.80
+"""The share of runs like the question the band is built to hold."""
+NEIGHBOUR_WEIGHTS = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+"""The per-level weights of the same family's coarser regimes chosen from (1.0: the whole family alike)."""
+OTHER_FAMILY_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
+"""The weights of another GPU family's runs chosen from."""
+REPORTED_REGIME_RUNS = 5
+"""Regimes with at least this many runs get their own row in the band's calibration table."""
+METHOD = ("weighted conformal quantile of leave-source-out errors at 80 % coverage, neighbouring regimes weighted "
+          "in (docs/calibration.md)")
 
 
 def _bin(value: float, bins: Sequence[tuple[float, str]], inclusive: bool) -> str:
@@ -73,6 +92,17 @@ class Regime:
             Regime(self.family),
         ]
 
+    def holds(self, other: Regime) -> bool:
+        """Whether ``other`` (a run's regime) lies inside this one."""
+        return all(mine in (ANY, theirs) for mine, theirs in zip(
+            (self.family, self.size, self.sequence, self.nodes),
+            (other.family, other.size, other.sequence, other.nodes), strict=True))
+
+    @classmethod
+    def from_key(cls, key: str) -> Regime:
+        family, size, sequence, nodes = key.split(" / ")
+        return cls(family, size, sequence, nodes)
+
 
 def regime_of(family: str, parameters: float, seq_len: int, nodes: int) -> Regime:
     return Regime(
@@ -87,17 +117,115 @@ def _point_regime(point: CalibrationPoint) -> Regime:
     return regime_of(point.family, point.parameters, point.knobs.seq_len, point.nodes)
 
 
+@dataclass(frozen=True)
+class Residual:
+    """One published run's leave-source-out error, with its regime and source."""
+
+    id: str
+    source: str
+    regime: Regime
+    error: float  # predicted / published - 1, by a fit without the run's source
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "source": self.source, "regime": self.regime.key, "error": round(self.error, 5)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Residual:
+        return cls(data["id"], data["source"], Regime.from_key(data["regime"]), float(data["error"]))
+
+
+def distance(question: Regime, run: Regime) -> int:
+    """How far a run's regime is from the question's: 0 the same, 1-3 the first coarser regime holding both, 4 none."""
+    return next((level for level, wider in enumerate(question.widening()) if wider.holds(run)), 4)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How much a run of a neighbouring regime counts towards a question's band (its own regime's count 1)."""
+
+    neighbour: float  # per level of the same family's coarser regimes
+    other_family: float
+
+    def of(self, question: Regime, run: Regime) -> float:
+        level = distance(question, run)
+        return self.neighbour ** level if level < 4 else self.other_family
+
+
+@dataclass(frozen=True)
+class ConformalBand:
+    """The band of one regime: the half-width (None when the weight cannot reach the target) and its evidence."""
+
+    half_width: float | None
+    own_runs: tuple[str, ...]
+    """The runs of the question's own regime."""
+    neighbour_weight: float
+    """How many runs' worth of weight the neighbouring regimes add."""
+
+
+def conformal_band(question: Regime, residuals: Sequence[Residual], weights: Weights,
+                   target: float = TARGET_COVERAGE) -> ConformalBand:
+    """The weighted conformal quantile of ``residuals`` for ``question`` (see the module docstring)."""
+    weighted = sorted((abs(r.error), weights.of(question, r.regime)) for r in residuals)
+    total = sum(weight for _, weight in weighted) + 1.0  # the question's own point, at infinity
+    own = tuple(r.id for r in residuals if distance(question, r.regime) == 0)
+    borrowed = sum(weight for _, weight in weighted) - len(own)
+    reached = 0.0
+    for error, weight in weighted:
+        reached += weight
+        if reached / total >= target - 1e-12:
+            return ConformalBand(error, own, borrowed)
+    return ConformalBand(None, own, borrowed)
+
+
+def band_calibration(residuals: Sequence[Residual], weights: Weights,
+                     target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
+    """Each run against the band built for its regime *without its source*: (the run, that band or None)."""
+    return [(run, conformal_band(run.regime, [r for r in residuals if r.source != run.source], weights,
+                                 target).half_width) for run in residuals]
+
+
+def coverage_gaps(checked: Sequence[tuple[Residual, float | None]], target: float = TARGET_COVERAGE) -> tuple[
+        float, dict[str, float]]:
+    """The coverage of ``checked`` (:func:`band_calibration`) overall and per regime with at least
+    :data:`REPORTED_REGIME_RUNS` runs."""
+    groups: dict[str, list[bool]] = {}
+    for run, band in checked:
+        groups.setdefault(run.regime.key, []).append(band is not None and abs(run.error) <= band)
+    overall = sum(sum(inside) for inside in groups.values()) / len(checked)
+    return overall, {key: sum(inside) / len(inside) for key, inside in sorted(groups.items())
+                     if len(inside) >= REPORTED_REGIME_RUNS}
+
+
+def choose_weights(residuals: Sequence[Residual], target: float = TARGET_COVERAGE) -> Weights:
+    """The weights whose leave-source-out bands cover closest to ``target``: the least overall gap plus mean gap of
+    the reported regimes; ties go to the narrower median band."""
+    def score(weights: Weights) -> tuple[float, float]:
+        checked = band_calibration(residuals, weights, target)
+        overall, regimes = coverage_gaps(checked, target)
+        gap = abs(overall - target) + (statistics.mean(abs(c - target) for c in regimes.values()) if regimes else 0)
+        return round(gap, 9), statistics.median(band if band is not None else math.inf for _, band in checked)
+
+    return min((Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMILY_WEIGHTS), key=score)
+
+
+def residuals_of(points: Sequence[CalibrationPoint], left_out: Mapping[str, float]) -> list[Residual]:
+    from btk.planner.calibration import source_of
+
+    return [Residual(point.id, source_of(point), _point_regime(point), left_out[point.id]) for point in points]
+
+
 def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, float],
                  memory: Sequence[PointResult]) -> dict[str, Any]:
-    """What ``calibration_band.json`` stores: per regime (every level of every run's widening) the worst
-    leave-source-out error and its runs; per family the worst memory error; the evidence's range."""
+    """What ``calibration_band.json`` stores: every run's residual, the chosen neighbour weight, the band of every
+    regime a run lies in; per family the worst memory error; the evidence's range."""
+    residuals = residuals_of(points, left_out)
+    weights = choose_weights(residuals)
     regimes: dict[str, dict[str, Any]] = {}
-    for point in points:
-        for regime in _point_regime(point).widening():
-            entry = regimes.setdefault(regime.key, {"tokens_per_second": 0.0, "points": 0, "evidence": []})
-            entry["tokens_per_second"] = round(max(entry["tokens_per_second"], abs(left_out[point.id])), 3)
-            entry["points"] += 1
-            entry["evidence"].append(point.id)
+    for key in sorted({r.regime.key for r in residuals}):
+        band = conformal_band(Regime.from_key(key), residuals, weights)
+        regimes[key] = {"tokens_per_second": None if band.half_width is None else round(band.half_width, 3),
+                        "points": len(band.own_runs), "borrowed": round(band.neighbour_weight, 2),
+                        "evidence": list(band.own_runs)}
     memories: dict[str, dict[str, Any]] = {}
     for result in memory:
         if result.memory_error is None:
@@ -106,7 +234,11 @@ def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
         entry["memory"] = round(max(entry["memory"], abs(result.memory_error)), 3)
         entry["points"] += 1
     return {
-        "regimes": dict(sorted(regimes.items())),
+        "target_coverage": TARGET_COVERAGE,
+        "neighbour_weight": weights.neighbour,
+        "other_family_weight": weights.other_family,
+        "residuals": [r.as_json() for r in residuals],
+        "regimes": regimes,
         "memory": dict(sorted(memories.items())),
         "envelope": {
             "families": sorted({point.family for point in points}),
@@ -117,13 +249,40 @@ def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
     }
 
 
+def stored_weights(summary: Mapping[str, Any]) -> Weights:
+    return Weights(float(summary["neighbour_weight"]), float(summary["other_family_weight"]))
+
+
 def regime_table(summary: Mapping[str, Any]) -> list[str]:
     """The Markdown table of bands per regime (``benchmarks/calibrate.py`` prints it, ``docs/calibration.md`` too)."""
-    lines = ["| regime (GPU family / size / sequence / nodes) | runs | tokens/s band |", "|---|---|---|"]
+    lines = ["| regime (GPU family / size / sequence / nodes) | own runs | neighbours' weight (runs) | tokens/s band |",
+             "|---|---|---|---|"]
     for key, entry in summary["regimes"].items():
-        enough = entry["points"] >= MIN_POINTS
-        band = f"±{entry['tokens_per_second']:.1%}" if enough else "too few runs: a coarser regime's"
-        lines.append(f"| {key} | {entry['points']} | {band} |")
+        band = "none: too little weight" if entry["tokens_per_second"] is None else f"±{entry['tokens_per_second']:.1%}"
+        lines.append(f"| {key} | {entry['points']} | {entry['borrowed']:.1f} | {band} |")
+    return lines
+
+
+def calibration_table(summary: Mapping[str, Any]) -> list[str]:
+    """How the bands, rebuilt without each source in turn, cover that source's runs: per regime with at least
+    :data:`REPORTED_REGIME_RUNS` runs and overall, with the median band and the median error (Markdown)."""
+    residuals = [Residual.from_json(entry) for entry in summary["residuals"]]
+    checked = band_calibration(residuals, stored_weights(summary), summary["target_coverage"])
+    groups: dict[str, list[tuple[Residual, float | None]]] = {}
+    for run, band in checked:
+        groups.setdefault(run.regime.key, []).append((run, band))
+
+    def row(name: str, runs: list[tuple[Residual, float | None]]) -> str:
+        inside = sum(band is not None and abs(run.error) <= band for run, band in runs)
+        median = statistics.median(band if band is not None else math.inf for _, band in runs)
+        width = "none (too few runs)" if math.isinf(median) else f"±{median:.1%}"
+        error = statistics.median(abs(run.error) for run, _ in runs)
+        return f"| {name} | {len(runs)} | {inside} | {inside / len(runs):.0%} | {width} | {error:.1%} |"
+
+    lines = ["| regime | runs | inside the band | coverage | median band | median error |",
+             "|---|---|---|---|---|---|"]
+    lines.extend(row(key, runs) for key, runs in sorted(groups.items()) if len(runs) >= REPORTED_REGIME_RUNS)
+    lines.append(row(f"all {len(checked)} runs", checked))
     return lines
 
 
@@ -133,14 +292,17 @@ class ErrorBand:
 
     family: str
     regime: str | None
-    """The regime whose runs made the band (the question's own or a coarser one); None outside the evidence."""
+    """The question's regime; None outside the evidence."""
     tokens_per_second: float | None
     memory: float | None
     points: int
+    """The published runs of the question's own regime."""
     memory_points: int
     evidence: tuple[str, ...]
     outside: tuple[str, ...] = ()
     """How the question lies outside the published evidence, one phrase per way (empty inside)."""
+    borrowed: float = 0.0
+    """How many runs' worth of weight the neighbouring regimes lent the band."""
 
     @property
     def measured(self) -> bool:
@@ -154,9 +316,12 @@ class ErrorBand:
         memory = "; memory unverified"
         if self.memory is not None:
             memory = f"; memory ±{self.memory:.0%} ({self.memory_points} runs)"
+        own = (f"{self.points} published runs of its regime" if self.points
+               else "no published run of its own regime")
+        lent = f", {self.borrowed:.1f} runs' weight from neighbouring regimes" if self.borrowed >= 0.05 else ""
         return (
-            f"tokens/s ±{self.tokens_per_second:.1%} (leave-source-out, worst of {self.points} published runs: "
-            f"{self.regime}){memory}; evidence: docs/calibration.md"
+            f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band: {own}{lent}; {self.regime})"
+            f"{memory}; evidence: docs/calibration.md"
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -165,8 +330,10 @@ class ErrorBand:
             "measured": self.measured,
             "regime": self.regime,
             "tokens_per_second_relative": self.tokens_per_second if self.measured else None,
+            "target_coverage": TARGET_COVERAGE,
             "memory_relative": self.memory,
             "points": self.points,
+            "borrowed_weight": round(self.borrowed, 2),
             "memory_points": self.memory_points,
             "outside_evidence": list(self.outside),
             "method": METHOD,
@@ -178,6 +345,11 @@ class ErrorBand:
 def _stored() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(BAND_FILE.read_text())
     return data
+
+
+@cache
+def _stored_residuals() -> tuple[Residual, ...]:
+    return tuple(Residual.from_json(entry) for entry in _stored()["residuals"])
 
 
 def _beyond(name: str, value: float, bounds: Sequence[float], show: Callable[[float], str]) -> str | None:
@@ -205,21 +377,22 @@ def outside_evidence(family: str, parameters: float, seq_len: int, nodes: int,
 
 def band_for_question(family: str, parameters: float, seq_len: int, nodes: int,
                       stored: Mapping[str, Any] | None = None) -> ErrorBand:
-    """The band of a question, from the stored leave-source-out errors (:func:`band_summary`)."""
+    """The band of a question from the stored residuals and neighbour weight (:func:`band_summary`)."""
     data = stored or _stored()
     memory = data["memory"].get(family, {})
     memory_band, memory_points = memory.get("memory"), memory.get("points", 0)
     outside = outside_evidence(family, parameters, seq_len, nodes, data)
     if outside:
         return ErrorBand(family, None, None, memory_band, 0, memory_points, (), outside)
-    for regime in regime_of(family, parameters, seq_len, nodes).widening():
-        entry = data["regimes"].get(regime.key)
-        if entry is not None and entry["points"] >= MIN_POINTS:
-            return ErrorBand(family, regime.key, entry["tokens_per_second"], memory_band, entry["points"],
-                             memory_points, tuple(entry["evidence"]))
-    family_runs = data["regimes"].get(Regime(family).key, {"points": 0})["points"]
-    reason = f"only {family_runs} published run(s) on {family} GPUs, fewer than the {MIN_POINTS} a band needs"
-    return ErrorBand(family, None, None, memory_band, 0, memory_points, (), (reason,))
+    regime = regime_of(family, parameters, seq_len, nodes)
+    residuals = _stored_residuals() if stored is None else tuple(Residual.from_json(r) for r in data["residuals"])
+    band = conformal_band(regime, residuals, stored_weights(data), data["target_coverage"])
+    if band.half_width is None:
+        reason = (f"too few published runs near {regime.key} for a {data['target_coverage']:.0%} band "
+                  f"({len(band.own_runs)} of its own, {band.neighbour_weight:.1f} runs' weight from neighbours)")
+        return ErrorBand(family, None, None, memory_band, 0, memory_points, (), (reason,))
+    return ErrorBand(family, regime.key, round(band.half_width, 3), memory_band, len(band.own_runs), memory_points,
+                     band.own_runs, borrowed=band.neighbour_weight)
 
 
 OUTSIDE = "outside the published evidence"
