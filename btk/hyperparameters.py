@@ -37,12 +37,27 @@ from btk.profile import PROFILE_NAME_PATTERN, ModelArchitecture, TrainingIntent
 SAGEMAKER_RESERVED_PREFIX = "sagemaker_"
 
 
+MAX_LADDER_RUNGS = 4
+
+
+class KnobLadder(BaseModel):
+    """Knob sets a job steps down to, in order, when it runs out of memory before its first checkpoint.
+
+    Planned by ``btk plan`` (:func:`btk.planner.search.knob_ladder`): each trains the same tokens per
+    optimizer step, sequence, precision and tensor parallelism as the plan, with less memory.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rungs: tuple[TrainingKnobs, ...] = Field(min_length=1, max_length=MAX_LADDER_RUNGS)
+
+
 class JobSettings(BaseModel):
     """Per-job settings that are neither knobs nor architecture."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("async_tensor_parallel",)
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("async_tensor_parallel", "knob_ladder")
 
     profile: str = Field(pattern=PROFILE_NAME_PATTERN, description="the profile's name")
     seed: int = Field(default=1234, ge=0)
@@ -80,6 +95,11 @@ class JobSettings(BaseModel):
         "symmetric memory; compiled blocks on CUDA only). Off unless asked for, as torchtitan has it: the planner "
         "predicts plain tensor parallelism, and the overlap's gain and memory are not measured on this stack",
     )
+    knob_ladder: KnobLadder | None = Field(
+        default=None,
+        description="knob sets to step down to, in order, when the job runs out of memory before its first "
+        "checkpoint (single-node jobs: torchrun restarts the processes on the next rung)",
+    )
 
 
 class JobHyperparameters(BaseModel):
@@ -91,6 +111,27 @@ class JobHyperparameters(BaseModel):
     architecture: ModelArchitecture
     training: TrainingIntent
     job: JobSettings
+
+    @model_validator(mode="after")
+    def _ladder_keeps_the_batch(self) -> JobHyperparameters:
+        """Every rung trains what the plan trains: the same tokens per step per data-parallel rank, sequence,
+        precision and tensor parallelism (a step down changes memory, never what is learned)."""
+        if self.job.knob_ladder is None:
+            return self
+        plan = self.knobs
+        for index, rung in enumerate(self.job.knob_ladder.rungs, start=1):
+            for name in ("seq_len", "precision", "tensor_parallel"):
+                if getattr(rung, name) != getattr(plan, name):
+                    raise FieldError("job.knob_ladder", f"rung {index} changes {name} "
+                                     f"({getattr(plan, name)} -> {getattr(rung, name)}); a rung may change memory "
+                                     "knobs only")
+            if rung.micro_batch_size * rung.gradient_accumulation_steps != (
+                    plan.micro_batch_size * plan.gradient_accumulation_steps):
+                raise FieldError("job.knob_ladder", f"rung {index} trains "
+                                 f"{rung.micro_batch_size} x {rung.gradient_accumulation_steps} sequences per step "
+                                 f"and rank, the plan {plan.micro_batch_size} x {plan.gradient_accumulation_steps}; "
+                                 "keep the global batch")
+        return self
 
     @model_validator(mode="after")
     def _sequences_fit_the_model(self) -> JobHyperparameters:

@@ -27,9 +27,11 @@ from training_constructs.training_plan import TrainingPlanReservation, TrainingP
 
 
 def planned_profiles(env_config: EnvironmentConfig) -> tuple[PlannedProfile, ...]:
-    """Each profile of the environment with the knobs ``btk plan`` reports for its instances."""
+    """Each profile of the environment with the knobs ``btk plan`` reports for its instances, and its knob ladder."""
     plans = plan_environment(env_config)
-    return tuple(PlannedProfile(get_profile(name), plans[name].knobs) for name in env_config.profiles)
+    return tuple(PlannedProfile(get_profile(name), plans[name].knobs,
+                                tuple(rung.knobs for rung in plans[name].ladder))
+                 for name in env_config.profiles)
 
 
 class TrainingStack(Stack):

@@ -52,10 +52,13 @@ class PlannedProfile:
 
     :param profile: the model profile.
     :param knobs: what ``btk plan`` chose for it (or any knobs the caller pins).
+    :param knob_ladder: the knob sets a job steps down to when it runs out of memory before its
+        first checkpoint (``btk plan``'s ``knob_ladder``). Default: none.
     """
 
     profile: ModelProfile
     knobs: TrainingKnobs
+    knob_ladder: tuple[TrainingKnobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,8 @@ class TrainingPipelineProps:
     :param profile: the model profile.
     :param knobs: the planner's knobs for ``profile`` on the environment's instances.
     :param resources: the shared :class:`PipelineResources`.
+    :param knob_ladder: knob sets to step down to on an out-of-memory before the first
+        checkpoint (``btk plan``'s). Default: none.
     :param pipeline_role: role SageMaker Pipelines assumes. Default: a new
         :class:`PipelineRole` for this pipeline alone.
     :param training_plan_arn: default of the ``TrainingPlanArn`` parameter (a token from the
@@ -264,6 +269,7 @@ class TrainingPipelineProps:
     profile: ModelProfile
     knobs: TrainingKnobs
     resources: PipelineResources
+    knob_ladder: tuple[TrainingKnobs, ...] = ()
     pipeline_role: PipelineRole | None = None
     training_plan_arn: str | None = None
     data_preparation: bool = False
@@ -346,6 +352,7 @@ class TrainingPipeline(Construct):
             environment=env,
             profile=props.profile,
             knobs=props.knobs,
+            knob_ladder=props.knob_ladder,
             image_uri=tokens.hide(resources.image_uri),
             role_arn=tokens.hide(resources.execution_role.role_arn, "arn:aws:iam::000000000000:role/{}"),
             kms_key_arn=tokens.hide(resources.key.key_arn, f"arn:aws:kms:{region}:000000000000:key/{{}}"),
@@ -419,6 +426,7 @@ class TrainingPipelines(Construct):
                     environment=env,
                     profile=planned[name].profile,
                     knobs=planned[name].knobs,
+                    knob_ladder=planned[name].knob_ladder,
                     resources=resources,
                     pipeline_role=self.pipeline_role,
                     training_plan_arn=props.training_plan_arn,

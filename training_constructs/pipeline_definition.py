@@ -52,7 +52,7 @@ from typing import Any
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError, UnknownNameError
 from btk.hardware import get_instance_type
-from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
+from btk.hyperparameters import JobHyperparameters, JobSettings, KnobLadder, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.metrics import METRIC_DEFINITIONS
 from btk.naming import (
@@ -162,6 +162,8 @@ class PipelineSpec:
     :param profile: the model profile.
     :param knobs: the planner's knobs for this profile on ``environment``'s instances.
     :param image_uri: the training image.
+    :param knob_ladder: knob sets the job steps down to on an out-of-memory before its first
+        checkpoint. Default: none.
     :param role_arn: the execution role of the jobs.
     :param kms_key_arn: the key for job output (and volumes where the instance has EBS).
     :param subnet_ids: the training subnet(s) (the environment's AZ).
@@ -189,22 +191,26 @@ class PipelineSpec:
     data_preparation: DataPreparation | None = None
     volume_size_gb: int = 500
     extra_tags: dict[str, str] = field(default_factory=dict)
+    knob_ladder: tuple[TrainingKnobs, ...] = ()
 
 
 def training_hyperparameters(
-    profile: ModelProfile, knobs: TrainingKnobs, planned_data_parallel: int | None = None
+    profile: ModelProfile, knobs: TrainingKnobs, planned_data_parallel: int | None = None,
+    knob_ladder: Sequence[TrainingKnobs] = (),
 ) -> dict[str, str]:
     """The job's hyperparameters: knobs, architecture, schedule and job settings (the core's codec).
 
     ``planned_data_parallel`` (the environment's GPUs / tensor_parallel) lets the trainer keep
     the planned global batch when the ``InstanceCount`` parameter runs the job on another
-    node count.
+    node count; ``knob_ladder``: where the job steps down to on an out-of-memory before its
+    first checkpoint.
     """
     spec = JobHyperparameters(
         knobs=knobs,
         architecture=profile.architecture,
         training=profile.training,
-        job=JobSettings(profile=profile.name, planned_data_parallel=planned_data_parallel),
+        job=JobSettings(profile=profile.name, planned_data_parallel=planned_data_parallel,
+                        knob_ladder=KnobLadder(rungs=tuple(knob_ladder)) if knob_ladder else None),
     )
     return to_hyperparameters(spec)
 
@@ -413,7 +419,8 @@ class _Builder:
         self.max_wait = ParameterInteger(name=PARAM_MAX_WAIT_SECONDS, default_value=env.max_wait_seconds)
         self.max_pending = ParameterInteger(name=PARAM_MAX_PENDING_SECONDS, default_value=max_pending_seconds(env))
         hyperparameters = training_hyperparameters(
-            spec.profile, spec.knobs, planned_data_parallel=planned_data_parallel(env, spec.knobs)
+            spec.profile, spec.knobs, planned_data_parallel=planned_data_parallel(env, spec.knobs),
+            knob_ladder=spec.knob_ladder,
         )
         self.total_tokens = ParameterString(
             name=PARAM_TOTAL_TOKENS, default_value=hyperparameters["train.total_tokens"]

@@ -172,6 +172,11 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
         lines.append(f"speed-up over the legacy baseline: {plan.speedup_vs_baseline:.2f}x")
     else:
         lines.append("legacy baseline: does not fit on this cluster")
+    if plan.ladder:
+        lines.append("if the job runs out of memory before its first checkpoint, it steps down to:")
+        for number, rung in enumerate(plan.ladder, start=1):
+            speed = format_speed(rung.estimate.tokens_per_second_per_gpu)
+            lines.append(f"  {number}. {speed:>9} tok/s/GPU  {rung.memory.total:6.1f} GiB  {_knob_line(rung.knobs)}")
     if plan.alternatives:
         lines.append("top alternatives:")
         for alternative in plan.alternatives:

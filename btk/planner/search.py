@@ -228,6 +228,8 @@ class Plan:
     candidates: tuple[Evaluation, ...] = field(repr=False, default=())
     scaling: Scaling | None = None
     """Against the one-node plan (None on one node)."""
+    ladder: tuple[Evaluation, ...] = ()
+    """Where the job steps down to when it runs out of memory before its first checkpoint (:func:`knob_ladder`)."""
 
     @property
     def knobs(self) -> TrainingKnobs:
@@ -276,6 +278,7 @@ class Plan:
             "explanations": list(self.explanations),
             "alternatives": [alternative.as_json() for alternative in self.alternatives],
             "error_band": self.band.as_json(),
+            "knob_ladder": [rung.as_json() for rung in self.ladder],
         }
 
 
@@ -569,6 +572,7 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
         profile=profile,
         instance=instance,
         nodes=nodes,
+        ladder=knob_ladder(best, candidates),
         evaluation=best,
         baseline=baseline if baseline is not None and baseline.fits else None,
         alternatives=tuple(alternatives),
@@ -576,6 +580,35 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
         candidates=tuple(candidates),
         scaling=scaling_vs_one_node(profile, instance, nodes, best) if nodes > 1 else None,
     )
+
+
+LADDER_RUNGS = 2
+"""Rungs below the plan: enough to survive a memory estimate that is off by a quarter, few enough to fail fast."""
+LADDER_MEMORY_STEP = 0.9
+"""Each rung is predicted to need at most this share of the memory of the one above it."""
+LADDER_KEPT = ("seq_len", "precision", "tensor_parallel", "compile", "fused_loss")
+"""What a rung keeps from the plan: what is trained and how (a step down changes memory knobs only)."""
+
+
+def knob_ladder(best: Evaluation, candidates: Sequence[Evaluation]) -> tuple[Evaluation, ...]:
+    """The knob sets a job steps down to when it runs out of memory before its first checkpoint, in order.
+
+    The fastest candidates that fit, train the plan's global batch and keep :data:`LADDER_KEPT`,
+    each predicted to need at most :data:`LADDER_MEMORY_STEP` of the memory of the rung above
+    (the first rung: of the plan), so every step down buys real headroom; at most
+    :data:`LADDER_RUNGS`. Empty when nothing leaner fits (the plan is already the leanest).
+    """
+    same = [c for c in candidates if c.fits and c.estimate.global_batch_tokens == best.estimate.global_batch_tokens
+            and all(getattr(c.knobs, name) == getattr(best.knobs, name) for name in LADDER_KEPT)]
+    rungs: list[Evaluation] = []
+    above = best
+    for candidate in sorted(same, key=lambda c: -_speed(c)):
+        if len(rungs) == LADDER_RUNGS:
+            break
+        if candidate.memory.total <= above.memory.total * LADDER_MEMORY_STEP:
+            rungs.append(candidate)
+            above = candidate
+    return tuple(rungs)
 
 
 EXPLAINED_KNOBS = ("activation_checkpointing", "micro_batch_size", "precision", "sharding", "tensor_parallel")

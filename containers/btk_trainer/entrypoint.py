@@ -41,6 +41,7 @@ from types import FrameType
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
 from btk_trainer.cuda_compat import CompatDecision, node_decision
+from btk_trainer.ladder import DEFAULT_LADDER_STATE
 from btk_trainer.launch import (
     DEFAULT_CHECKPOINT_DIR,
     DEFAULT_CONFIG_DIR,
@@ -103,15 +104,21 @@ def build_launch(
     model_dir = Path(env.get("SM_MODEL_DIR", str(DEFAULT_MODEL_DIR)))
     checkpoint_dir = Path(env.get("BTK_CHECKPOINT_DIR", str(DEFAULT_CHECKPOINT_DIR)))
 
+    # One restart per rung of the knob ladder, on one node (btk_trainer.ladder): torchrun restarts the node's
+    # processes on the next rung after one runs out of memory before the first checkpoint.
+    ladder = spec.job.knob_ladder
+    restarts = len(ladder.rungs) if ladder is not None and cluster.nnodes == 1 else 0
     command = [
         sys.executable, "-m", "torch.distributed.run",
         *torchrun_node_args(cluster, nproc, master_port),
+        *([f"--max-restarts={restarts}"] if restarts else []),
         "-m", "btk_trainer.train",
         f"--hyperparameters={hyperparameters_file}",
         f"--checkpoint-dir={checkpoint_dir}",
         f"--model-dir={model_dir}",
         f"--nnodes={cluster.nnodes}",
         f"--failure-file={failure_file}",
+        f"--ladder-state={DEFAULT_LADDER_STATE}",
     ]
     if data is not None:
         command.append(f"--data-dir={data}")

@@ -48,9 +48,19 @@ from btk.metrics import format_metric_line
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
-from btk_trainer.checkpoint import Checkpointer, TrainerState
+from btk_trainer.checkpoint import Checkpointer, TrainerState, latest_checkpoint
 from btk_trainer.data import Batch, BatchLoader, ResumableSampler, TokenShards, Windows, next_batch
 from btk_trainer.exiting import exit_without_finalizing
+from btk_trainer.ladder import (
+    EXIT_STEP_DOWN,
+    LADDER_STATE_ENV,
+    RESTART_COUNT_ENV,
+    current_rung,
+    describe,
+    on_rung,
+    rungs,
+    step_down,
+)
 from btk_trainer.launch import load_hyperparameters, report_failure
 from btk_trainer.layout import MeshShape, accumulation_for
 from btk_trainer.model import Decoder, export_hf, load_safetensors
@@ -779,25 +789,62 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--nnodes", type=int, default=int(os.environ.get("BTK_NNODES", "1")))
     parser.add_argument("--failure-file", type=Path, default=None,
                         help="write a user error here as one line (SageMaker: /opt/ml/output/failure)")
+    parser.add_argument("--ladder-state", type=Path,
+                        default=Path(os.environ[LADDER_STATE_ENV]) if os.environ.get(LADDER_STATE_ENV) else None,
+                        help="the node's knob-ladder state file (btk_trainer.ladder); without it an out-of-memory "
+                        "does not step down")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train from SageMaker's files; the exit status is :func:`exit_code`'s, or 2 for a one-line user error.
+    """Train from SageMaker's files; the exit status is :func:`exit_code`'s, 2 for a one-line user error, or
+    :data:`~btk_trainer.ladder.EXIT_STEP_DOWN` when an out-of-memory before the first checkpoint sends the job to
+    the next rung of its knob ladder (torchrun restarts it there, :mod:`btk_trainer.ladder`).
 
     Any other exception propagates (exit 1 with its traceback), so torchrun reports the job failed.
     """
     args = parse_args(argv)
+    restart = int(os.environ.get(RESTART_COUNT_ENV) or 0)
+    spec: JobHyperparameters | None = None
+    rung = 0
+    out_of_memory = False
     try:
         spec = load_hyperparameters(args.hyperparameters)
-        result = train(RunConfig(spec=spec, data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
+        rung, reason = current_rung(args.ladder_state, restart, spec)
+        if rung and os.environ.get("RANK", "0") == "0":
+            print(f"btk: knob ladder rung {rung} of {len(rungs(spec)) - 1} (the previous attempt: {reason}): "
+                  f"{describe(rungs(spec)[rung])}", flush=True)
+        result = train(RunConfig(spec=on_rung(spec, rung), data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:
         return report_failure(str(error), args.failure_file)
+    except torch.OutOfMemoryError as error:
+        if spec is None:
+            raise
+        out_of_memory = True
+        return _out_of_memory(args, spec, rung, restart, error)
     finally:
-        if dist.is_initialized():
+        # After an out-of-memory the other ranks wait in a collective this rank never joins: it leaves without
+        # tearing the group down (torchrun stops them; the process exits right after, exit_without_finalizing).
+        if dist.is_initialized() and not out_of_memory:
             dist.destroy_process_group()
     return exit_code(result)
+
+
+def _out_of_memory(args: argparse.Namespace, spec: JobHyperparameters, rung: int, restart: int,
+                   error: torch.OutOfMemoryError) -> int:
+    """Step down the knob ladder if no checkpoint of this job exists yet; else fail in one line."""
+    cause = str(error).split(". ")[0].splitlines()[0][:200] if str(error) else "out of memory"
+    saved = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir is not None else None
+    if saved is not None:
+        return report_failure(f"out of memory ({cause}) after the job's checkpoint of step {saved[0]}: the knobs "
+                              "do not change past a checkpoint; plan the profile with more memory headroom",
+                              args.failure_file)
+    restarts, line = step_down(args.ladder_state, spec, rung, restart, cause, can_restart=args.nnodes == 1)
+    if not restarts:
+        return report_failure(line, args.failure_file)
+    print(f"btk: {line}", flush=True)
+    return EXIT_STEP_DOWN
 
 
 if __name__ == "__main__":

@@ -137,6 +137,23 @@ def test_document_masking_is_written_only_when_a_profile_asks_for_it() -> None:
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize(("rungs", "phrase"), [
+    ([{"micro_batch_size": 1, "seq_len": 64, "precision": "fp8_tensorwise"}], "rung 1 changes precision"),
+    ([{"micro_batch_size": 1, "seq_len": 32}], "rung 1 changes seq_len"),
+    ([{"micro_batch_size": 2, "seq_len": 64}], "rung 1 trains 2 x 1 sequences per step and rank, the plan 1 x 1"),
+    ([{"micro_batch_size": 1, "seq_len": 64}] * 5, "at most 4 items"),
+    ([], "at least 1 item"),
+    ("not a list", "rungs"),
+])
+def test_a_knob_ladder_that_changes_what_is_trained_is_one_line_naming_it(rungs: object, phrase: str) -> None:
+    import json
+
+    encoded = to_hyperparameters(_spec()) | {"job.knob_ladder": json.dumps({"rungs": rungs})}
+    with pytest.raises(BtkError, match=r"job\.knob_ladder") as raised:
+        from_hyperparameters(encoded)
+    assert phrase in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_nested_hyperparameter_that_is_not_json_names_the_key() -> None:
     encoded = to_hyperparameters(_spec()) | {"arch.rope_scaling": "{not json"}
     with pytest.raises(BtkError, match=r"hyperparameter arch\.rope_scaling: not valid JSON"):

@@ -116,6 +116,8 @@ def test_hyperparameters_are_the_planners_knobs(template_name: str, request: pyt
             assert parsed.job.profile == profile_name
             planned_gpus = instance.gpus_per_node * env.instance_count
             assert parsed.job.planned_data_parallel == planned_gpus // plan.knobs.tensor_parallel
+            ladder = parsed.job.knob_ladder
+            assert (ladder.rungs if ladder else ()) == tuple(rung.knobs for rung in plan.ladder)
 
 
 def test_total_tokens_parameter_feeds_the_hyperparameter(staging: dict[str, Any]) -> None:

@@ -237,3 +237,25 @@ def test_why_lines_never_call_a_knob_set_that_does_not_fit_slower() -> None:
                 rival_speed = float(text.split("(")[-1].split(" vs ")[0].replace(",", ""))
                 assert any(c.fits and round(c.estimate.tokens_per_second_per_gpu) == rival_speed
                            for c in candidates_used), text
+
+
+def test_the_knob_ladder_steps_down_in_memory_and_keeps_what_is_trained() -> None:
+    """Every shipped profile on the default instance: each rung fits, trains the plan's global batch, sequence,
+    precision, tensor parallelism, compile and loss, needs at most 90 % of the memory of the rung above, and is the
+    fastest such candidate."""
+    from btk.planner.search import LADDER_KEPT, LADDER_MEMORY_STEP, LADDER_RUNGS, knob_ladder
+
+    for profile in PROFILES.values():
+        plan = plan_profile(profile, B200)
+        assert plan.ladder == knob_ladder(plan.evaluation, plan.candidates) and len(plan.ladder) <= LADDER_RUNGS
+        above = plan.evaluation
+        for rung in plan.ladder:
+            assert rung.fits and rung.estimate.global_batch_tokens == plan.evaluation.estimate.global_batch_tokens
+            assert all(getattr(rung.knobs, name) == getattr(plan.knobs, name) for name in LADDER_KEPT)
+            assert rung.memory.total <= above.memory.total * LADDER_MEMORY_STEP
+            leaner = [c for c in plan.candidates if c.fits and c.memory.total <= above.memory.total * LADDER_MEMORY_STEP
+                      and c.estimate.global_batch_tokens == rung.estimate.global_batch_tokens
+                      and all(getattr(c.knobs, name) == getattr(plan.knobs, name) for name in LADDER_KEPT)]
+            assert rung.estimate.tokens_per_second_per_gpu == max(c.estimate.tokens_per_second_per_gpu for c in leaner)
+            above = rung
+        assert plan.to_json()["knob_ladder"] == [rung.as_json() for rung in plan.ladder]
