@@ -41,7 +41,7 @@ from types import FrameType
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
 from btk_trainer.cuda_compat import CompatDecision, node_decision
-from btk_trainer.ladder import DEFAULT_LADDER_STATE
+from btk_trainer.ladder import DEFAULT_LADDER_STATE, LADDER_STATE_ENV
 from btk_trainer.launch import (
     DEFAULT_CHECKPOINT_DIR,
     DEFAULT_CONFIG_DIR,
@@ -118,7 +118,7 @@ def build_launch(
         f"--model-dir={model_dir}",
         f"--nnodes={cluster.nnodes}",
         f"--failure-file={failure_file}",
-        f"--ladder-state={DEFAULT_LADDER_STATE}",
+        f"--ladder-state={env.get(LADDER_STATE_ENV, str(DEFAULT_LADDER_STATE))}",
     ]
     if data is not None:
         command.append(f"--data-dir={data}")
