@@ -316,6 +316,29 @@ class JobRetryConfig(BaseModel):
     backoff_rate: float = Field(default=2.0, ge=1.0, le=10.0, allow_inf_nan=False, description="growth of the wait")
 
 
+class RehearsalConfig(BaseModel):
+    """A short training job before the long run: the pipeline starts the long run only if it passes.
+
+    It trains the plan's knobs on the fewest nodes that hold them (one where they fit), with the
+    environment's data, for ``steps`` optimizer steps: past compilation and the first metric lines,
+    so the last metric line (what the gate reads) is a steady-state one. It passes when its
+    tokens/s per GPU reach ``min_throughput_share`` of the planner's prediction for it and no step
+    was skipped as non-finite; an out-of-memory fails it (after the knob ladder's rungs).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool | None = Field(
+        default=None, description="None: on where the environment runs on a training plan, off on demand"
+    )
+    steps: int = Field(default=50, ge=10, le=1000, description="optimizer steps of the rehearsal job")
+    min_throughput_share: float = Field(
+        default=0.7, gt=0, le=1.5, allow_inf_nan=False,
+        description="the share of the predicted tokens/s per GPU the rehearsal must reach",
+    )
+    max_runtime_minutes: int = Field(default=120, ge=10, le=24 * 60, description="the rehearsal job's time limit")
+
+
 CapacityConfig = Annotated[
     OnDemandCapacity | ExistingPlanCapacity | ReservePlanCapacity,
     Field(discriminator="mode"),
@@ -339,6 +362,7 @@ class EnvironmentConfig(BaseModel):
     instance_count: int = Field(default=1, ge=1, le=64)
     data_stage: DataStageConfig = DataStageConfig()
     capacity: CapacityConfig = OnDemandCapacity()
+    rehearsal: RehearsalConfig = RehearsalConfig()
     retain_data: bool = Field(default=False, description="RETAIN buckets, key and FSx on stack delete")
     managed_spot: bool = False
     inter_container_encryption: bool = False
@@ -480,6 +504,14 @@ class EnvironmentConfig(BaseModel):
                 f"({spot}): set managed_spot=False",
             )
         return self
+
+    @property
+    def rehearses(self) -> bool:
+        """Whether each pipeline rehearses before its long run (``rehearsal.enabled``; by default where the
+        environment runs on a training plan, whose capacity is bought ahead)."""
+        if self.rehearsal.enabled is not None:
+            return self.rehearsal.enabled
+        return not isinstance(self.capacity, OnDemandCapacity)
 
     @property
     def max_runtime_seconds(self) -> int:

@@ -13,6 +13,9 @@ from btk.errors import BtkError
 TAG_ENVIRONMENT = "btk:environment"
 TAG_PROFILE = "btk:profile"
 TAG_INSTANCE_TYPE = "btk:instance-type"
+TAG_PURPOSE = "btk:purpose"
+PURPOSE_REHEARSAL = "rehearsal"
+"""A rehearsal job's ``btk:purpose`` (long runs have no such tag)."""
 
 #: Longest job-name prefix: SageMaker Pipelines appends its own suffix up to the 63-character limit.
 JOB_NAME_PREFIX_MAX = 40

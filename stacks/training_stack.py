@@ -14,7 +14,7 @@ from constructs import Construct
 from btk.bootstrap import boundary_policy_name
 from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
-from btk.planner.search import plan_environment
+from btk.planner.search import plan_environment, rehearsal_nodes
 from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps, datasets_bucket_name
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
 from training_constructs.network import TrainingNetwork, TrainingNetworkProps
@@ -27,11 +27,17 @@ from training_constructs.training_plan import TrainingPlanReservation, TrainingP
 
 
 def planned_profiles(env_config: EnvironmentConfig) -> tuple[PlannedProfile, ...]:
-    """Each profile of the environment with the knobs ``btk plan`` reports for its instances, and its knob ladder."""
+    """Each profile of the environment with the knobs ``btk plan`` reports for its instances, its knob ladder and
+    where and how fast a rehearsal of them runs."""
     plans = plan_environment(env_config)
-    return tuple(PlannedProfile(get_profile(name), plans[name].knobs,
-                                tuple(rung.knobs for rung in plans[name].ladder))
-                 for name in env_config.profiles)
+    planned = []
+    for name in env_config.profiles:
+        plan = plans[name]
+        nodes, rehearsal = rehearsal_nodes(plan.profile, plan.instance, plan.nodes, plan.knobs)
+        planned.append(PlannedProfile(get_profile(name), plan.knobs, tuple(rung.knobs for rung in plan.ladder),
+                                      rehearsal_nodes=nodes,
+                                      rehearsal_tokens_per_second_per_gpu=rehearsal.estimate.tokens_per_second_per_gpu))
+    return tuple(planned)
 
 
 class TrainingStack(Stack):

@@ -35,6 +35,7 @@ from training_constructs.nag import acknowledge_wildcard_resources
 from training_constructs.pipeline_definition import (
     DataPreparation,
     PipelineSpec,
+    RehearsalSpec,
     S3TrainingData,
     build_pipeline_definition,
 )
@@ -54,11 +55,18 @@ class PlannedProfile:
     :param knobs: what ``btk plan`` chose for it (or any knobs the caller pins).
     :param knob_ladder: the knob sets a job steps down to when it runs out of memory before its
         first checkpoint (``btk plan``'s ``knob_ladder``). Default: none.
+    :param rehearsal_nodes: the instances a rehearsal of the knobs runs on
+        (:func:`btk.planner.search.rehearsal_nodes`). Default: 1.
+    :param rehearsal_tokens_per_second_per_gpu: the planner's tokens/s per GPU for the rehearsal, which
+        its gate holds the measured figure against. Default: None (the environment's rehearsal, if on,
+        cannot be gated: synth fails naming it).
     """
 
     profile: ModelProfile
     knobs: TrainingKnobs
     knob_ladder: tuple[TrainingKnobs, ...] = ()
+    rehearsal_nodes: int = 1
+    rehearsal_tokens_per_second_per_gpu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,7 @@ class TrainingPipelineProps:
     :param resources: the shared :class:`PipelineResources`.
     :param knob_ladder: knob sets to step down to on an out-of-memory before the first
         checkpoint (``btk plan``'s). Default: none.
+    :param rehearsal: the rehearsal before the long run and its gate. Default: None (none).
     :param pipeline_role: role SageMaker Pipelines assumes. Default: a new
         :class:`PipelineRole` for this pipeline alone.
     :param training_plan_arn: default of the ``TrainingPlanArn`` parameter (a token from the
@@ -270,6 +279,7 @@ class TrainingPipelineProps:
     knobs: TrainingKnobs
     resources: PipelineResources
     knob_ladder: tuple[TrainingKnobs, ...] = ()
+    rehearsal: RehearsalSpec | None = None
     pipeline_role: PipelineRole | None = None
     training_plan_arn: str | None = None
     data_preparation: bool = False
@@ -353,6 +363,7 @@ class TrainingPipeline(Construct):
             profile=props.profile,
             knobs=props.knobs,
             knob_ladder=props.knob_ladder,
+            rehearsal=props.rehearsal,
             image_uri=tokens.hide(resources.image_uri),
             role_arn=tokens.hide(resources.execution_role.role_arn, "arn:aws:iam::000000000000:role/{}"),
             kms_key_arn=tokens.hide(resources.key.key_arn, f"arn:aws:kms:{region}:000000000000:key/{{}}"),
@@ -427,6 +438,7 @@ class TrainingPipelines(Construct):
                     profile=planned[name].profile,
                     knobs=planned[name].knobs,
                     knob_ladder=planned[name].knob_ladder,
+                    rehearsal=_rehearsal(env, planned[name], self.node.path),
                     resources=resources,
                     pipeline_role=self.pipeline_role,
                     training_plan_arn=props.training_plan_arn,
@@ -482,3 +494,18 @@ class _TokenPlaceholders:
 def _construct_id(profile: str) -> str:
     """``llama3.2-1b`` -> ``Llama321b`` (stable construct ids: logical ids do not change)."""
     return "".join(part.capitalize() for part in profile.replace(".", "-").split("-"))
+
+
+def _rehearsal(env: EnvironmentConfig, planned: PlannedProfile, path: str) -> RehearsalSpec | None:
+    """The rehearsal of ``planned`` where the environment rehearses (``EnvironmentConfig.rehearses``)."""
+    if not env.rehearses:
+        return None
+    predicted = planned.rehearsal_tokens_per_second_per_gpu
+    if predicted is None:
+        raise ValueError(f"{path}: profiles: {planned.profile.name} has no rehearsal_tokens_per_second_per_gpu, "
+                         f"which environment {env.name}'s rehearsal gate needs: plan it with "
+                         "stacks.training_stack.planned_profiles")
+    rehearsal = env.rehearsal
+    return RehearsalSpec(nodes=planned.rehearsal_nodes, steps=rehearsal.steps,
+                         min_tokens_per_second_per_gpu=round(predicted * rehearsal.min_throughput_share, 1),
+                         max_runtime_seconds=rehearsal.max_runtime_minutes * 60)

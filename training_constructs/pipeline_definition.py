@@ -54,12 +54,14 @@ from btk.errors import BtkError, UnknownNameError
 from btk.hardware import get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings, KnobLadder, to_hyperparameters
 from btk.knobs import TrainingKnobs
-from btk.metrics import METRIC_DEFINITIONS
+from btk.metrics import METRIC_DEFINITIONS, METRICS_BY_KEY
 from btk.naming import (
     JOB_NAME_PREFIX_MAX,
+    PURPOSE_REHEARSAL,
     TAG_ENVIRONMENT,
     TAG_INSTANCE_TYPE,
     TAG_PROFILE,
+    TAG_PURPOSE,
     job_name_prefix,
     pipeline_name,
 )
@@ -81,6 +83,11 @@ STEP_TOKENIZE = "Tokenize"
 STEP_CHECK_PLAN = "CheckTrainingPlan"
 STEP_TRAIN = "Train"
 STEP_TRAIN_ON_PLAN = "TrainOnPlan"
+STEP_REHEARSE = "Rehearse"
+STEP_REHEARSAL_GATE = "RehearsalPassed"
+STEP_REHEARSAL_FAILED = "RehearsalFailed"
+ON_PLAN_SUFFIX = "OnPlan"
+REHEARSAL_CHECKPOINT_INTERVAL = 1_000_000  # a rehearsal writes no checkpoint: it must not be resumed from
 
 TRAIN_CHANNEL = "train"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
@@ -155,6 +162,22 @@ class DataPreparation:
 
 
 @dataclass(frozen=True)
+class RehearsalSpec:
+    """The rehearsal before the long run, and the gate it must pass (``EnvironmentConfig.rehearsal``).
+
+    :param nodes: instances of the rehearsal job (:func:`btk.planner.search.rehearsal_nodes`).
+    :param steps: its optimizer steps.
+    :param min_tokens_per_second_per_gpu: the last metric line's tokens/s per GPU must reach this.
+    :param max_runtime_seconds: its time limit.
+    """
+
+    nodes: int
+    steps: int
+    min_tokens_per_second_per_gpu: float
+    max_runtime_seconds: int
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     """Everything one profile's pipeline is built from (strings may be CDK tokens).
 
@@ -164,6 +187,8 @@ class PipelineSpec:
     :param image_uri: the training image.
     :param knob_ladder: knob sets the job steps down to on an out-of-memory before its first
         checkpoint. Default: none.
+    :param rehearsal: rehearse before the long run, which starts only if the rehearsal passes.
+        Default: None (no rehearsal).
     :param role_arn: the execution role of the jobs.
     :param kms_key_arn: the key for job output (and volumes where the instance has EBS).
     :param subnet_ids: the training subnet(s) (the environment's AZ).
@@ -192,6 +217,7 @@ class PipelineSpec:
     volume_size_gb: int = 500
     extra_tags: dict[str, str] = field(default_factory=dict)
     knob_ladder: tuple[TrainingKnobs, ...] = ()
+    rehearsal: RehearsalSpec | None = None
 
 
 def training_hyperparameters(
@@ -225,13 +251,16 @@ def planned_data_parallel(environment: EnvironmentConfig, knobs: TrainingKnobs) 
     return gpus * environment.instance_count // knobs.tensor_parallel
 
 
-def job_tags(spec: PipelineSpec) -> dict[str, str]:
-    """Tags of every job: the environment's tags plus environment, profile and instance type."""
+def job_tags(spec: PipelineSpec, *, rehearsal: bool = False) -> dict[str, str]:
+    """Tags of every job: the environment's tags plus environment, profile and instance type; a rehearsal's also
+    say so (``btk report`` tells it from the long runs)."""
     tags = dict(spec.environment.tags)
     tags.update(spec.extra_tags)
     tags[TAG_ENVIRONMENT] = spec.environment.name
     tags[TAG_PROFILE] = spec.profile.name
     tags[TAG_INSTANCE_TYPE] = spec.environment.instance_type
+    if rehearsal:
+        tags[TAG_PURPOSE] = PURPOSE_REHEARSAL
     return dict(sorted(tags.items()))
 
 
@@ -289,6 +318,7 @@ SDK_MODULES = (
     "sagemaker.core.workflow.pipeline_context",
     "sagemaker.core.workflow.pipeline_definition_config",
     "sagemaker.mlops.workflow",
+    "sagemaker.mlops.workflow.fail_step",
     "sagemaker.mlops.workflow.retry",
     "sagemaker.train",
 )
@@ -453,8 +483,8 @@ class _Builder:
             check = ConditionStep(
                 name=STEP_CHECK_PLAN,
                 conditions=[ConditionEquals(left=self.training_plan_arn, right="")],
-                if_steps=[self._training_step(STEP_TRAIN, on_plan=False)],
-                else_steps=[self._training_step(STEP_TRAIN_ON_PLAN, on_plan=True)],
+                if_steps=self._branch(on_plan=False),
+                else_steps=self._branch(on_plan=True),
                 depends_on=depends_on or None,
             )
             steps.append(check)
@@ -472,7 +502,37 @@ class _Builder:
 
     # -- steps ----------------------------------------------------------------------------
 
-    def _training_step(self, name: str, *, on_plan: bool) -> Any:
+    def _branch(self, *, on_plan: bool) -> list[Any]:
+        """The steps on demand or on a plan: the long run, after the rehearsal and its gate when there is one."""
+        from sagemaker.core.workflow.conditions import ConditionEquals, ConditionGreaterThanOrEqualTo
+        from sagemaker.mlops.workflow import ConditionStep
+        from sagemaker.mlops.workflow.fail_step import FailStep
+
+        suffix = ON_PLAN_SUFFIX if on_plan else ""
+        train = self._training_step(STEP_TRAIN + suffix, on_plan=on_plan)
+        rehearsal = self.spec.rehearsal
+        if rehearsal is None:
+            return [train]
+        rehearse = self._training_step(STEP_REHEARSE + suffix, on_plan=on_plan, rehearsal=rehearsal)
+        final = rehearse.properties.FinalMetricDataList
+        throughput, nonfinite = (METRICS_BY_KEY[key].sagemaker_name for key in ("tokens_per_second_per_gpu",
+                                                                                 "nonfinite_steps"))
+        gate = ConditionStep(
+            name=STEP_REHEARSAL_GATE + suffix,
+            conditions=[
+                ConditionGreaterThanOrEqualTo(left=final[throughput].Value,
+                                              right=rehearsal.min_tokens_per_second_per_gpu),
+                ConditionEquals(left=final[nonfinite].Value, right=0.0),
+            ],
+            if_steps=[train],
+            else_steps=[FailStep(name=STEP_REHEARSAL_FAILED + suffix, error_message=(
+                f"the rehearsal did not pass: its last {throughput} must reach "
+                f"{rehearsal.min_tokens_per_second_per_gpu:,.1f} and {nonfinite} be 0; read the {STEP_REHEARSE}"
+                f"{suffix} job's metrics and log, then re-plan (btk plan) or change the environment's rehearsal"))],
+        )
+        return [rehearse, gate]
+
+    def _training_step(self, name: str, *, on_plan: bool, rehearsal: RehearsalSpec | None = None) -> Any:
         from sagemaker.core.common_utils import instance_supports_kms
         from sagemaker.core.shapes import (
             Channel,
@@ -495,10 +555,10 @@ class _Builder:
         from sagemaker.train import ModelTrainer
 
         spec, env = self.spec, self.spec.environment
-        spot = env.managed_spot and not on_plan
+        spot = env.managed_spot and not on_plan and rehearsal is None  # a rehearsal is short: no spot wait
         compute: dict[str, Any] = {
             "instance_type": env.instance_type,
-            "instance_count": self.instance_count,
+            "instance_count": self.instance_count if rehearsal is None else rehearsal.nodes,
             "enable_managed_spot_training": spot,
         }
         if instance_supports_kms(env.instance_type):
@@ -534,13 +594,15 @@ class _Builder:
             input_mode = "FastFile"
         channel = Channel(channel_name=TRAIN_CHANNEL, data_source=source, input_mode=input_mode)
 
-        stopping = {"max_runtime_in_seconds": env.max_runtime_seconds}
+        stopping = {"max_runtime_in_seconds": env.max_runtime_seconds if rehearsal is None
+                    else rehearsal.max_runtime_seconds}
         if spot:
             stopping["max_wait_time_in_seconds"] = self.max_wait.default_value
         checkpoint_uri = Join(
             on="/",
             values=[spec.checkpoint_s3_uri.rstrip("/"), spec.profile.name, ExecutionVariables.PIPELINE_EXECUTION_ID],
         )
+        hyperparameters = self.hyperparameters if rehearsal is None else self._rehearsal_hyperparameters(rehearsal)
         trainer = ModelTrainer(
             sagemaker_session=self.session,
             role=spec.role_arn,
@@ -559,16 +621,27 @@ class _Builder:
                 kms_key_id=spec.kms_key_arn,
                 compression_type="NONE",
             ),
-            checkpoint_config=CheckpointConfig(s3_uri=checkpoint_uri, local_path=CHECKPOINT_LOCAL_PATH),
+            # A rehearsal keeps no checkpoint: the long run must never resume from it.
+            checkpoint_config=(CheckpointConfig(s3_uri=checkpoint_uri, local_path=CHECKPOINT_LOCAL_PATH)
+                               if rehearsal is None else None),
             environment=job_environment(env.instance_type),
-            hyperparameters=self.hyperparameters,
-            tags=[Tag(key=key, value=value) for key, value in job_tags(spec).items()],
+            hyperparameters=hyperparameters,
+            tags=[Tag(key=key, value=value) for key, value in job_tags(spec, rehearsal=rehearsal is not None).items()],
         ).with_metric_definitions(
             [MetricDefinition(name=item["Name"], regex=item["Regex"]) for item in METRIC_DEFINITIONS]
         )
         return TrainingStep(
             name=name, step_args=trainer.train(input_data_config=[channel]), retry_policies=self._retry_policies()
         )
+
+    def _rehearsal_hyperparameters(self, rehearsal: RehearsalSpec) -> dict[str, Any]:
+        """The long run's, for ``rehearsal.steps`` steps, no checkpoint, and the knobs as planned for the rehearsal's
+        node count (no rescaled accumulation: the gate's prediction is for these knobs)."""
+        hyperparameters = dict(self.hyperparameters)
+        hyperparameters["job.max_steps"] = str(rehearsal.steps)
+        hyperparameters["job.checkpoint_interval_steps"] = str(REHEARSAL_CHECKPOINT_INTERVAL)
+        hyperparameters["job.planned_data_parallel"] = ""
+        return hyperparameters
 
     def _retry_policies(self) -> list[Any] | None:
         """Retry a job that failed for want of capacity or inside SageMaker (the environment's ``job_retries``).
@@ -668,6 +741,11 @@ def _tokenize_job_name(job_prefix: str) -> str:
     return f"{job_prefix}-tok"[:JOB_NAME_PREFIX_MAX]
 
 
+def _rehearsal_job_name(job_prefix: str) -> str:
+    """The rehearsal job's name prefix: the profile's, marked ``-reh``, within the same length limit."""
+    return f"{job_prefix[:JOB_NAME_PREFIX_MAX - 4]}-reh"
+
+
 def _iter_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every step, including those nested in condition steps."""
     found: list[dict[str, Any]] = []
@@ -685,9 +763,11 @@ def _fill_sdk_gaps(definition: dict[str, Any], spec: PipelineSpec, job_prefix: s
     for step in _iter_steps(definition["Steps"]):
         arguments = step["Arguments"]
         if step["Type"] == "Training":
-            arguments["TrainingJobName"] = job_prefix
+            rehearsal = step["Name"].startswith(STEP_REHEARSE)
+            arguments["TrainingJobName"] = _rehearsal_job_name(job_prefix) if rehearsal else job_prefix
             stopping = arguments.setdefault("StoppingCondition", {})
-            stopping["MaxRuntimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_RUNTIME_SECONDS}"}
+            if not rehearsal:  # a rehearsal keeps its own time limit, as built
+                stopping["MaxRuntimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_RUNTIME_SECONDS}"}
             if arguments.get("EnableManagedSpotTraining"):
                 stopping["MaxWaitTimeInSeconds"] = {"Get": f"Parameters.{PARAM_MAX_WAIT_SECONDS}"}
             if "TrainingPlanArn" in arguments.get("ResourceConfig", {}):

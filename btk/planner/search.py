@@ -582,6 +582,21 @@ def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) 
     )
 
 
+def rehearsal_nodes(profile: ModelProfile, instance: InstanceType, nodes: int,
+                    knobs: TrainingKnobs) -> tuple[int, Evaluation]:
+    """Where a rehearsal of ``knobs`` (planned for ``nodes``) runs: one node where the planner says they fit
+    there (model state sharded over fewer GPUs needs more memory each), else all ``nodes``; with the planner's
+    evaluation there, what the rehearsal's measured speed is held against."""
+    if nodes > 1:
+        try:
+            one = evaluate_knobs(profile, instance, 1, knobs)
+        except InfeasiblePlanError:
+            one = None
+        if one is not None and one.fits:
+            return 1, one
+    return nodes, evaluate_knobs(profile, instance, nodes, knobs)
+
+
 LADDER_RUNGS = 2
 """Rungs below the plan: enough to survive a memory estimate that is off by a quarter, few enough to fail fast."""
 LADDER_MEMORY_STEP = 0.9

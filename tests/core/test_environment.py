@@ -232,3 +232,14 @@ def test_an_image_uri_that_is_not_an_ecr_image_is_refused_naming_the_field(uri: 
     with pytest.raises(ValidationError, match=r"is not an ECR image URI like 123456789012\.dkr\.ecr") as caught:
         _env(image_uri=uri)
     assert caught.value.errors()[0]["loc"] == ("image_uri",)
+
+
+def test_rehearsal_is_on_by_default_where_capacity_is_bought_ahead() -> None:
+    from btk.environment import EnvironmentConfig, ExistingPlanCapacity, RehearsalConfig
+
+    base = {"name": "dev", "availability_zone": "us-east-1a", "profiles": ("llama3.2-1b",)}
+    assert not EnvironmentConfig(**base).rehearses
+    plan = ExistingPlanCapacity(plan_arn="arn:aws:sagemaker:us-east-1:123456789012:training-plan/p")
+    assert EnvironmentConfig(**base, capacity=plan).rehearses
+    assert not EnvironmentConfig(**base, capacity=plan, rehearsal=RehearsalConfig(enabled=False)).rehearses
+    assert EnvironmentConfig(**base, rehearsal=RehearsalConfig(enabled=True)).rehearses

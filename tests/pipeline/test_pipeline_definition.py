@@ -158,3 +158,63 @@ def test_job_environment_takes_network_settings_from_the_catalog_only_for_its_in
         assert job_environment(name) == {**NCCL_ENVIRONMENT, **instance.network_environment}
     assert job_environment("ml.p3.16xlarge") == NCCL_ENVIRONMENT  # outside the catalog: no EFA settings
     assert "FI_PROVIDER" not in NCCL_ENVIRONMENT  # one home for the EFA settings: btk.hardware
+
+
+def _steps_by_name(definition: str) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+
+    def walk(steps: list[dict[str, Any]], parents: tuple[str, ...]) -> None:
+        for step in steps:
+            found[step["Name"]] = {**step, "parents": parents}
+            arguments = step.get("Arguments", {})
+            walk(arguments.get("IfSteps", []), (*parents, f"{step['Name']}:if"))
+            walk(arguments.get("ElseSteps", []), (*parents, f"{step['Name']}:else"))
+
+    walk(json.loads(definition)["Steps"], ())
+    return found
+
+
+@pytest.mark.parametrize("suffix", ["", "OnPlan"])
+def test_a_rehearsal_gates_the_long_run(suffix: str) -> None:
+    """Rehearse, then a condition on its final metrics: the long run only where it passed, a Fail step where not.
+    The rehearsal is short and apart: its own node count, step count and time limit, no checkpoints (the long run
+    must not resume from it), no rescaled accumulation, no spot, tagged as a rehearsal, named apart."""
+    from btk.metrics import METRICS_BY_KEY
+    from btk.naming import PURPOSE_REHEARSAL, TAG_PURPOSE
+    from training_constructs.pipeline_definition import (
+        STEP_REHEARSAL_FAILED,
+        STEP_REHEARSAL_GATE,
+        STEP_REHEARSE,
+        RehearsalSpec,
+    )
+
+    rehearsal = RehearsalSpec(nodes=1, steps=60, min_tokens_per_second_per_gpu=12345.6, max_runtime_seconds=5400)
+    env = fc.STAGING.model_copy(update={"managed_spot": True, "instance_count": 2})
+    steps = _steps_by_name(build_pipeline_definition(_spec(environment=env, rehearsal=rehearsal)))
+    rehearse, gate = steps[STEP_REHEARSE + suffix], steps[STEP_REHEARSAL_GATE + suffix]
+    branch = "CheckTrainingPlan:else" if suffix else "CheckTrainingPlan:if"
+    assert rehearse["parents"] == gate["parents"] == (branch,)
+    assert steps[STEP_TRAIN + suffix]["parents"] == (branch, f"{STEP_REHEARSAL_GATE}{suffix}:if")
+    assert steps[STEP_REHEARSAL_FAILED + suffix]["parents"] == (branch, f"{STEP_REHEARSAL_GATE}{suffix}:else")
+    final = f"Steps.{STEP_REHEARSE}{suffix}.FinalMetricDataList"
+    throughput = METRICS_BY_KEY["tokens_per_second_per_gpu"].sagemaker_name
+    nonfinite = METRICS_BY_KEY["nonfinite_steps"].sagemaker_name
+    assert gate["Arguments"]["Conditions"] == [
+        {"LeftValue": {"Get": f"{final}['{throughput}'].Value"}, "RightValue": 12345.6, "Type": "GreaterThanOrEqualTo"},
+        {"LeftValue": {"Get": f"{final}['{nonfinite}'].Value"}, "RightValue": 0.0, "Type": "Equals"},
+    ]
+    job = rehearse["Arguments"]
+    assert job["ResourceConfig"]["InstanceCount"] == 1 and "CheckpointConfig" not in job
+    assert job["StoppingCondition"]["MaxRuntimeInSeconds"] == 5400 and not job.get("EnableManagedSpotTraining")
+    assert job["TrainingJobName"] == f"{job_name_prefix(env.name, fc.STAGING.profiles[0])}-reh"
+    assert {"Key": TAG_PURPOSE, "Value": PURPOSE_REHEARSAL} in job["Tags"]
+    long_run = steps[STEP_TRAIN + suffix]["Arguments"]
+    assert {key: value for key, value in job["HyperParameters"].items() if long_run["HyperParameters"][key] != value} \
+        == {"job.max_steps": "60", "job.checkpoint_interval_steps": "1000000", "job.planned_data_parallel": ""}
+    assert TAG_PURPOSE not in {tag["Key"] for tag in long_run["Tags"]} and "CheckpointConfig" in long_run
+
+
+def test_without_a_rehearsal_the_long_run_follows_the_plan_check_directly() -> None:
+    steps = _steps_by_name(build_pipeline_definition(_spec()))
+    assert steps[STEP_TRAIN]["parents"] == ("CheckTrainingPlan:if",)
+    assert not [name for name in steps if name.startswith("Rehears")]

@@ -27,8 +27,10 @@ from stack_synth import ENV_NAMES, Synth, cli_app
 from btk.catalog import get_environment
 from btk.environment import EnvironmentConfig
 from training_constructs.pipeline_definition import (
+    ON_PLAN_SUFFIX,
     PARAM_TRAINING_PLAN_ARN,
     STEP_CHECK_PLAN,
+    STEP_REHEARSE,
     STEP_TRAIN,
     STEP_TRAIN_ON_PLAN,
 )
@@ -54,9 +56,16 @@ def _definitions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _training_steps(definition: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The training steps under ``CheckTrainingPlan``, however deep (a rehearsal's gate holds the long run)."""
     (check,) = [step for step in definition["Steps"] if step["Name"] == STEP_CHECK_PLAN]
-    branches = check["Arguments"]["IfSteps"] + check["Arguments"]["ElseSteps"]
-    return {step["Name"]: step for step in branches if step["Type"] == "Training"}
+    found: dict[str, dict[str, Any]] = {}
+    pending = check["Arguments"]["IfSteps"] + check["Arguments"]["ElseSteps"]
+    while pending:
+        step = pending.pop()
+        if step["Type"] == "Training":
+            found[step["Name"]] = step
+        pending += step.get("Arguments", {}).get("IfSteps", []) + step.get("Arguments", {}).get("ElseSteps", [])
+    return found
 
 
 def _validate_both_training_steps(template: dict[str, Any], env: EnvironmentConfig) -> int:
@@ -68,19 +77,21 @@ def _validate_both_training_steps(template: dict[str, Any], env: EnvironmentConf
     validated = 0
     for definition in definitions.values():
         steps = _training_steps(definition)
-        assert set(steps) == {STEP_TRAIN, STEP_TRAIN_ON_PLAN}
+        rehearsals = {STEP_REHEARSE, STEP_REHEARSE + ON_PLAN_SUFFIX} if env.rehearses else set()
+        assert set(steps) == {STEP_TRAIN, STEP_TRAIN_ON_PLAN} | rehearsals
         defaults = {p["Name"]: p.get("DefaultValue") for p in definition["Parameters"]}
-        for step_name, plan_arn in ((STEP_TRAIN, ""), (STEP_TRAIN_ON_PLAN, PLAN_ARN)):
+        for step_name in sorted(steps):
+            plan_arn = PLAN_ARN if step_name.endswith(ON_PLAN_SUFFIX) else ""
             arguments = fx.substitute(steps[step_name]["Arguments"], {**defaults, PARAM_TRAINING_PLAN_ARN: plan_arn})
             validate_parameters(arguments, shape)  # ParamValidationError names the field
-            assert ("TrainingPlanArn" in arguments["ResourceConfig"]) == (step_name == STEP_TRAIN_ON_PLAN)
+            assert ("TrainingPlanArn" in arguments["ResourceConfig"]) == step_name.endswith(ON_PLAN_SUFFIX)
             validated += 1
     return validated
 
 
 def test_every_environment_both_training_steps_validate_against_botocore(synth: Synth) -> None:
     env = get_environment(synth.env_name)
-    assert _validate_both_training_steps(synth.template, env) == 2 * len(env.profiles)
+    assert _validate_both_training_steps(synth.template, env) == (4 if env.rehearses else 2) * len(env.profiles)
 
 
 def test_validation_rejects_a_broken_real_argument(synths: dict[str, Synth]) -> None:
@@ -137,7 +148,7 @@ def test_existing_plan_is_every_pipelines_training_plan_default(
         parameters = {p["Name"]: p for p in definition["Parameters"]}
         assert parameters[PARAM_TRAINING_PLAN_ARN]["DefaultValue"] == PLAN_ARN
     assert template["Outputs"]["TrainingPlanArn"]["Value"] == plan_att
-    assert _validate_both_training_steps(template, env) == 2 * len(env.profiles)
+    assert _validate_both_training_steps(template, env) == (4 if env.rehearses else 2) * len(env.profiles)
 
 
 def test_on_demand_environments_default_to_no_plan(synth: Synth) -> None:
@@ -148,3 +159,30 @@ def test_on_demand_environments_default_to_no_plan(synth: Synth) -> None:
         parameters = {p["Name"]: p for p in definition["Parameters"]}
         assert (parameters[PARAM_TRAINING_PLAN_ARN]["DefaultValue"] != "") == planned
     assert ("TrainingPlanArn" in synth.template["Outputs"]) == planned
+
+
+def test_a_plan_environment_rehearses_each_profile_against_the_planners_figure_for_the_rehearsal() -> None:
+    """The gate's threshold is the environment's share of the planner's tokens/s for the knobs on the rehearsal's
+    nodes (one where they fit there); an on-demand environment has no rehearsal."""
+    from datetime import UTC, datetime
+
+    from reserve_variant import reserve_environment
+
+    from btk.hardware import get_instance_type
+    from btk.planner.search import evaluate_knobs, plan_profile
+    from stacks.training_stack import planned_profiles
+    from training_constructs.pipeline import _rehearsal
+
+    env = reserve_environment(fc.STAGING, datetime(2030, 1, 1, tzinfo=UTC))
+    assert env.rehearses and not fc.STAGING.rehearses
+    instance = get_instance_type(env.instance_type)
+    for planned in planned_profiles(env):
+        plan = plan_profile(planned.profile, instance, env.instance_count)
+        one_node = evaluate_knobs(planned.profile, instance, 1, plan.knobs)
+        nodes = 1 if one_node.fits else env.instance_count
+        predicted = evaluate_knobs(planned.profile, instance, nodes, plan.knobs).estimate.tokens_per_second_per_gpu
+        rehearsal = _rehearsal(env, planned, "test")
+        assert rehearsal is not None and rehearsal.nodes == planned.rehearsal_nodes == nodes
+        assert rehearsal.min_tokens_per_second_per_gpu == round(predicted * env.rehearsal.min_throughput_share, 1)
+        assert rehearsal.steps == env.rehearsal.steps and rehearsal.max_runtime_seconds == 120 * 60
+        assert _rehearsal(fc.STAGING, planned, "test") is None

@@ -167,16 +167,19 @@ def test_mxfp8_keeps_the_bias_and_plain_weights(qwen_arch: ModelArchitecture) ->
     assert "model.layers.0.self_attn.q_proj.bias" in model.state_dict()  # Hugging Face names unchanged
 
 
-def test_rowwise_float8_makes_inductor_emulate_precision_casts(llama_arch: ModelArchitecture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rowwise_float8_makes_inductor_emulate_precision_casts(llama_arch: ModelArchitecture) -> None:
     pytest.importorskip("torchao")
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "emulate_precision_casts", False)
-    apply_low_precision(Decoder(llama_arch), "fp8_tensorwise", fsdp_float8_all_gather=False)
-    assert inductor_config.emulate_precision_casts is False
-    apply_low_precision(Decoder(llama_arch), "fp8_rowwise", fsdp_float8_all_gather=False)
-    assert inductor_config.emulate_precision_casts is True
+    # torch's own patch, not pytest's monkeypatch: undoing a monkeypatch deletes the config entry, and every
+    # later compile in this process then fails on the missing option.
+    before = inductor_config.emulate_precision_casts
+    with inductor_config.patch(emulate_precision_casts=False):
+        apply_low_precision(Decoder(llama_arch), "fp8_tensorwise", fsdp_float8_all_gather=False)
+        assert inductor_config.emulate_precision_casts is False
+        apply_low_precision(Decoder(llama_arch), "fp8_rowwise", fsdp_float8_all_gather=False)
+        assert inductor_config.emulate_precision_casts is True
+    assert inductor_config.emulate_precision_casts is before
 
 
 @pytest.mark.parametrize(("device_type", "compiled", "requested"),
