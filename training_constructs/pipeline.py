@@ -28,6 +28,7 @@ from constructs import Construct
 from btk.environment import EnvironmentConfig
 from btk.knobs import TrainingKnobs
 from btk.naming import TAG_ENVIRONMENT, environment_prefix, job_name_prefix, pipeline_name
+from btk.planner.search import rehearsal_threshold
 from btk.profile import ModelProfile
 from training_constructs.data_stage import DatasetsLocation
 from training_constructs.locations import FileSystemLocation
@@ -507,5 +508,5 @@ def _rehearsal(env: EnvironmentConfig, planned: PlannedProfile, path: str) -> Re
                          "stacks.training_stack.planned_profiles")
     rehearsal = env.rehearsal
     return RehearsalSpec(nodes=planned.rehearsal_nodes, steps=rehearsal.steps,
-                         min_tokens_per_second_per_gpu=round(predicted * rehearsal.min_throughput_share, 1),
+                         min_tokens_per_second_per_gpu=rehearsal_threshold(predicted, rehearsal.min_throughput_share),
                          max_runtime_seconds=rehearsal.max_runtime_minutes * 60)

@@ -156,7 +156,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
     from btk.planner.cost import reserved_plan_hours
     from btk.planner.plot import check_plot_path, plot_plans
-    from btk.planner.search import plan_profile
+    from btk.planner.search import plan_profile, rehearsal_gate
 
     plot = check_plot_path(args.plot) if args.plot is not None else None
     plan_hours: int | None = None
@@ -176,9 +176,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise BtkError("plan needs a PROFILE (see `btk profiles`) or --env ENV")
 
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
+    rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share)
+                  if args.env is not None and env.rehearses else None for plan in plans]
     written = plot_plans(plans, plot) if plot is not None else []
     if args.output_format == JSON:
         documents = [plan.to_json(plan_hours) for plan in plans]
+        if args.env is not None:
+            for document, rehearsal in zip(documents, rehearsals, strict=True):
+                document["rehearsal"] = rehearsal.as_json() if rehearsal is not None else None
         print_json(documents[0] if args.profile else documents)
         _say_written(written, sys.stderr)
         return 0
@@ -186,7 +191,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.env:
         print(f"environment {args.env}: {len(plans)} profile(s) on {nodes} x {instance.name}\n")
-    print("\n\n".join(render_plan(plan, plan_hours) for plan in plans))
+    print("\n\n".join(render_plan(plan, plan_hours, rehearsal) for plan, rehearsal in zip(plans, rehearsals,
+                                                                                           strict=True)))
     _say_written(written, sys.stdout)
     return 0
 

@@ -12,7 +12,7 @@ from btk.knobs import TrainingKnobs
 from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.cost import PLAN_FEE_NOTE, TrainingCost
 from btk.planner.memory import MemoryBreakdown
-from btk.planner.search import Evaluation, GlobalBatch, Plan, Scaling, WhatIf
+from btk.planner.search import Evaluation, GlobalBatch, Plan, RehearsalGate, Scaling, WhatIf
 from btk.planner.throughput import MFU_PEAK
 from btk.table import Column, Table
 
@@ -152,7 +152,7 @@ def _scaling_reason(scaling: Scaling, changes: dict[str, list[object]]) -> str:
     )
 
 
-def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
+def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: RehearsalGate | None = None) -> str:
     best = plan.evaluation
     header = (
         f"{plan.profile.name} ({plan.profile.parameter_count / 1e9:.2f}B) on {plan.nodes} x {plan.instance.name} "
@@ -162,6 +162,13 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None) -> str:
     lines += render_global_batch(plan.global_batch)
     lines += render_scaling(plan)
     lines += render_training_cost(plan.training_cost(plan_duration_hours))
+    if rehearsal is not None:
+        lines.append(
+            f"rehearsal first: {rehearsal.steps} steps on {rehearsal.nodes} x {plan.instance.name}, about "
+            f"{rehearsal.training_seconds / 60:.0f} min of training (${rehearsal.usd:,.0f}) plus start-up and "
+            f"compilation; the long run starts only at >= {format_speed(rehearsal.min_tokens_per_second_per_gpu)} "
+            f"tokens/s/GPU (of {format_speed(rehearsal.predicted_tokens_per_second_per_gpu)} predicted for it) "
+            "with no non-finite step")
     lines.append("why:")
     lines += [f"  - {line}" for line in plan.explanations]
     if plan.baseline is not None:

@@ -597,6 +597,41 @@ def rehearsal_nodes(profile: ModelProfile, instance: InstanceType, nodes: int,
     return nodes, evaluate_knobs(profile, instance, nodes, knobs)
 
 
+@dataclass(frozen=True)
+class RehearsalGate:
+    """What a plan's rehearsal runs on, what it costs, and the speed it must reach (``EnvironmentConfig.rehearsal``)."""
+
+    nodes: int
+    steps: int
+    predicted_tokens_per_second_per_gpu: float
+    min_tokens_per_second_per_gpu: float
+    training_seconds: float
+    """The rehearsal's steps at the predicted speed: start-up, data staging and compilation come on top."""
+    usd: float
+    """``training_seconds`` at the catalog's hourly price for ``nodes`` (an estimate where the catalog says so)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "steps": self.steps,
+                "predicted_tokens_per_second_per_gpu": round(self.predicted_tokens_per_second_per_gpu, 1),
+                "min_tokens_per_second_per_gpu": self.min_tokens_per_second_per_gpu,
+                "training_seconds": round(self.training_seconds), "usd": round(self.usd, 2)}
+
+
+def rehearsal_gate(plan: Plan, steps: int, min_throughput_share: float) -> RehearsalGate:
+    """The rehearsal of ``plan`` (:func:`rehearsal_nodes`) and its gate: ``min_throughput_share`` of the planner's
+    tokens/s per GPU for the rehearsal, rounded to 0.1 as the pipeline's condition holds it."""
+    nodes, evaluation = rehearsal_nodes(plan.profile, plan.instance, plan.nodes, plan.knobs)
+    predicted = evaluation.estimate.tokens_per_second_per_gpu
+    seconds = steps * evaluation.estimate.step_seconds
+    return RehearsalGate(nodes, steps, predicted, rehearsal_threshold(predicted, min_throughput_share), seconds,
+                         seconds / 3600 * nodes * plan.instance.usd_per_hour.value)
+
+
+def rehearsal_threshold(predicted_tokens_per_second_per_gpu: float, min_throughput_share: float) -> float:
+    """The tokens/s per GPU a rehearsal must reach, to 0.1 (what the pipeline's condition holds)."""
+    return round(predicted_tokens_per_second_per_gpu * min_throughput_share, 1)
+
+
 LADDER_RUNGS = 2
 """Rungs below the plan: enough to survive a memory estimate that is off by a quarter, few enough to fail fast."""
 LADDER_MEMORY_STEP = 0.9

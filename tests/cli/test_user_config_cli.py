@@ -28,7 +28,16 @@ def test_profiles_table_lists_catalog(capsys: pytest.CaptureFixture[str]) -> Non
 def test_plan_env_plans_every_profile(capsys: pytest.CaptureFixture[str], env: str) -> None:
     code, out, _ = run(capsys, "plan", "--env", env, "--format", "json")
     assert code == 0
-    assert [p["profile"] for p in json.loads(out)] == list(all_environments()[env].profiles)
+    plans = json.loads(out)
+    assert [p["profile"] for p in plans] == list(all_environments()[env].profiles)
+    config = all_environments()[env]
+    for plan in plans:  # the rehearsal where the environment rehearses, with the gate the pipeline will hold
+        rehearsal = plan["rehearsal"]
+        assert (rehearsal is not None) == config.rehearses
+        if rehearsal is not None:
+            expected = rehearsal["predicted_tokens_per_second_per_gpu"] * config.rehearsal.min_throughput_share
+            assert rehearsal["steps"] == config.rehearsal.steps
+            assert abs(rehearsal["min_tokens_per_second_per_gpu"] - expected) <= 0.1  # the JSON rounds both
 
 
 def test_plan_env_plot_draws_every_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

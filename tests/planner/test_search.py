@@ -259,3 +259,21 @@ def test_the_knob_ladder_steps_down_in_memory_and_keeps_what_is_trained() -> Non
             assert rung.estimate.tokens_per_second_per_gpu == max(c.estimate.tokens_per_second_per_gpu for c in leaner)
             above = rung
         assert plan.to_json()["knob_ladder"] == [rung.as_json() for rung in plan.ladder]
+
+
+def test_a_rehearsal_is_priced_and_gated_from_the_planners_figure_for_where_it_runs() -> None:
+    from btk.planner.render import render_plan
+    from btk.planner.search import rehearsal_gate, rehearsal_nodes
+
+    for name, nodes in (("llama3.1-8b", 1), ("llama3.1-8b", 4), ("qwen2.5-32b", 2)):
+        plan = plan_profile(PROFILES[name], B200, nodes)
+        gate = rehearsal_gate(plan, 40, 0.7)
+        where, evaluation = rehearsal_nodes(plan.profile, B200, nodes, plan.knobs)
+        assert gate.nodes == where and (where == 1 or where == nodes)
+        assert gate.predicted_tokens_per_second_per_gpu == evaluation.estimate.tokens_per_second_per_gpu
+        assert gate.min_tokens_per_second_per_gpu == round(0.7 * gate.predicted_tokens_per_second_per_gpu, 1)
+        assert gate.training_seconds == pytest.approx(40 * evaluation.estimate.step_seconds)
+        assert gate.usd == pytest.approx(gate.training_seconds / 3600 * where * B200.usd_per_hour.value)
+        text = render_plan(plan, rehearsal=gate)
+        assert f"rehearsal first: 40 steps on {where} x {B200.name}" in text
+        assert "rehearsal first" not in render_plan(plan)
