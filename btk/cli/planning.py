@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from btk.cli.arguments import MAX_NUMBER_CHARS, max_nodes, node_count, non_empty
+from btk.cli.arguments import MAX_NUMBER_CHARS, max_nodes, node_count, non_empty, non_empty_path
 from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
 from btk.table import Column, Table
@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
         metavar="FILE.png",
         help="draw memory and throughput of the top candidates; with several profiles, FILE-PROFILE.png each",
     )
+    plan.add_argument("--evidence", type=non_empty_path, metavar="STORE",
+                      help="the team's measured runs to correct the prediction with (default: $BTK_EVIDENCE, else "
+                      "btk-evidence.json here, where it exists; see btk evidence)")
     plan.set_defaults(handler=cmd_plan)
 
     estimate = subparsers.add_parser(
@@ -153,8 +156,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from btk.catalog import environment_profiles, get_environment, get_profile
+    from btk.evidence import evidence_path, read_evidence
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
     from btk.planner.cost import reserved_plan_hours
+    from btk.planner.evidence import correct_plan
     from btk.planner.plot import check_plot_path, plot_plans
     from btk.planner.search import plan_profile, rehearsal_gate
 
@@ -178,12 +183,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
     rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share)
                   if args.env is not None and env.rehearses else None for plan in plans]
+    evidence = read_evidence(evidence_path(args.evidence))
+    corrections = [correct_plan(plan, evidence) for plan in plans]
     written = plot_plans(plans, plot) if plot is not None else []
     if args.output_format == JSON:
         documents = [plan.to_json(plan_hours) for plan in plans]
-        if args.env is not None:
-            for document, rehearsal in zip(documents, rehearsals, strict=True):
+        for document, plan, rehearsal, correction in zip(documents, plans, rehearsals, corrections, strict=True):
+            if args.env is not None:
                 document["rehearsal"] = rehearsal.as_json() if rehearsal is not None else None
+            predicted = plan.evaluation.estimate.tokens_per_second_per_gpu
+            document["evidence"] = correction.as_json(predicted) if correction is not None else None
         print_json(documents[0] if args.profile else documents)
         _say_written(written, sys.stderr)
         return 0
@@ -191,8 +200,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.env:
         print(f"environment {args.env}: {len(plans)} profile(s) on {nodes} x {instance.name}\n")
-    print("\n\n".join(render_plan(plan, plan_hours, rehearsal) for plan, rehearsal in zip(plans, rehearsals,
-                                                                                           strict=True)))
+    print("\n\n".join(render_plan(plan, plan_hours, rehearsal, correction) for plan, rehearsal, correction
+                       in zip(plans, rehearsals, corrections, strict=True)))
     _say_written(written, sys.stdout)
     return 0
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from btk.knobs import TrainingKnobs
 from btk.planner.compare import InstanceComparison, PlannedFigures
 from btk.planner.cost import PLAN_FEE_NOTE, TrainingCost
+from btk.planner.evidence import EvidenceCorrection
 from btk.planner.memory import MemoryBreakdown
 from btk.planner.search import Evaluation, GlobalBatch, Plan, RehearsalGate, Scaling, WhatIf
 from btk.planner.throughput import MFU_PEAK
@@ -152,13 +153,17 @@ def _scaling_reason(scaling: Scaling, changes: dict[str, list[object]]) -> str:
     )
 
 
-def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: RehearsalGate | None = None) -> str:
+def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: RehearsalGate | None = None,
+                correction: EvidenceCorrection | None = None) -> str:
     best = plan.evaluation
     header = (
         f"{plan.profile.name} ({plan.profile.parameter_count / 1e9:.2f}B) on {plan.nodes} x {plan.instance.name} "
         f"({plan.nodes * plan.instance.gpus_per_node} x {plan.instance.gpu.name}, budget {best.budget_gib:.0f} GiB/GPU)"
     )
-    lines = [header, f"error band: {plan.band.describe()}", "plan:", render_evaluation(best)]
+    lines = [header, f"error band: {plan.band.describe()}"]
+    if correction is not None:
+        lines.append(f"team's evidence: {correction.describe(best.estimate.tokens_per_second_per_gpu)}")
+    lines += ["plan:", render_evaluation(best)]
     lines += render_global_batch(plan.global_batch)
     lines += render_scaling(plan)
     lines += render_training_cost(plan.training_cost(plan_duration_hours))

@@ -36,8 +36,9 @@ def subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
 
 
 COMMANDS = sorted(leaf_commands(build_parser()))
-#: Commands that run something rather than print a result (``btk bootstrap`` runs the CDK CLI).
-ACTIONS = [("bootstrap",)]
+#: Commands that run something rather than print a result (``btk bootstrap`` runs the CDK CLI; ``btk evidence
+#: import`` and ``export`` write the team's evidence file and say how many runs they wrote).
+ACTIONS = [("bootstrap",), ("evidence", "export"), ("evidence", "import")]
 
 
 def test_every_command_is_covered() -> None:
@@ -48,6 +49,9 @@ def test_every_command_is_covered() -> None:
         ("compare",),
         ("doctor",),
         ("estimate",),
+        ("evidence", "export"),
+        ("evidence", "import"),
+        ("evidence", "list"),
         ("plan",),
         ("profile", "import"),
         ("profiles",),

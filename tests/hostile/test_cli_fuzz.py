@@ -25,6 +25,7 @@ capacity search 200, capacity show 60, report 200, profile import 120, doctor 60
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -555,6 +556,58 @@ IMPORTABLE = str(Path(__file__).resolve().parents[1] / "hf_configs" / "qwen3-8b.
 )
 def test_profile(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, args: list[Arg]) -> None:
     check(capsys, sagemaker, ["profile", "import"], args)
+
+
+@pytest.fixture(scope="module")
+def evidence_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A valid runs file, a store to write, and places that are not evidence files."""
+    from btk.hardware import get_instance_type
+    from btk.planner.search import plan_profile
+
+    root = tmp_path_factory.mktemp("evidence")
+    knobs = plan_profile(PROFILE, get_instance_type("ml.p6-b200.48xlarge")).knobs
+    run = {"id": "fuzz-1", "kind": "run", "profile": PROFILE.name, "architecture": PROFILE.architecture.model_dump(
+        mode="json"), "instance_type": "ml.p6-b200.48xlarge", "nodes": 1, "knobs": knobs.model_dump(mode="json"),
+        "tokens_per_second_per_gpu": 1000.0}
+    (root / "runs.json").write_text(json.dumps({"version": 1, "runs": [run]}))
+    (root / "folder").mkdir()
+    (root / "not-json.json").write_text("{")
+    return {"runs": str(root / "runs.json"), "store": str(root / "store.json"), "new store": str(root / "new.json"),
+            "folder": str(root / "folder"), "not json": str(root / "not-json.json"),
+            "absent": str(root / "absent.json"), "below a file": str(root / "runs.json" / "x.json"),
+            "export": str(root / "export.json")}
+
+
+def evidence_command_lines(paths: dict[str, str]) -> st.SearchStrategy[tuple[list[str], list[Arg]]]:
+    """``evidence import FILE``, ``list`` or ``export FILE``, always with a store in a temporary folder (never the
+    default one here); the hostile part: a store that is not one (a folder, not JSON, below a file), a runs file
+    that is not one, a bad format, a stray word. Export writes a new file: the first export to a path passes,
+    a later one is refused, so either exit is right there."""
+    def store(hostile: bool) -> st.SearchStrategy[list[Arg]]:
+        good, bad = (paths["store"], paths["new store"]), (paths["folder"], paths["not json"], paths["below a file"])
+        return st.sampled_from(bad if hostile else good).flatmap(lambda value: option("--evidence", value,
+                                                                                      not hostile))
+
+    def runs(hostile: bool) -> st.SearchStrategy[list[Arg]]:
+        bad = (paths["folder"], paths["not json"], paths["absent"], paths["below a file"])
+        return st.sampled_from(bad if hostile else (paths["runs"],)).map(lambda value: [Arg((value,), not hostile)])
+
+    def target(hostile: bool) -> st.SearchStrategy[list[Arg]]:
+        places = (paths["export"], paths["folder"], paths["not json"], paths["below a file"])
+        return st.sampled_from(places).map(lambda value: [Arg((value,), None)])
+
+    imported = command_line(store, head=(runs,)).map(lambda args: (["evidence", "import"], args))
+    listed = command_line(store, TABLE_OR_JSON).map(lambda args: (["evidence", "list"], args))
+    exported = command_line(store, head=(target,)).map(lambda args: (["evidence", "export"], args))
+    return st.one_of(imported, listed, exported)
+
+
+@fuzz(120)
+@given(data=st.data())
+def test_evidence(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, evidence_paths: dict[str, str],
+                  data: st.DataObject) -> None:
+    command, args = data.draw(evidence_command_lines(evidence_paths))
+    check(capsys, sagemaker, command, args)
 
 
 @dataclass

@@ -1,0 +1,105 @@
+"""``btk evidence import|list|export`` and ``btk plan --evidence``: the team's runs in, the plan corrected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_run import run
+from example_budget import capped
+from fixture_catalog import PROFILES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from btk.hardware import get_instance_type
+from btk.planner.search import plan_profile
+
+B200 = "ml.p6-b200.48xlarge"
+
+
+def _runs(*speeds: float, profile: str = "llama3.1-8b") -> dict[str, Any]:
+    knobs = plan_profile(PROFILES[profile], get_instance_type(B200)).knobs
+    return {"version": 1, "runs": [
+        {"id": f"btk-prod-{profile}-reh-{index}", "kind": "rehearsal", "profile": profile,
+         "architecture": PROFILES[profile].architecture.model_dump(mode="json"), "instance_type": B200, "nodes": 1,
+         "knobs": knobs.model_dump(mode="json"), "tokens_per_second_per_gpu": speed, "source": "test"}
+        for index, speed in enumerate(speeds)]}
+
+
+def _write(path: Path, document: Any) -> Path:
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_import_list_export_and_the_plan_corrected(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    store = tmp_path / "evidence.json"
+    code, out, _ = run(capsys, "evidence", "import", str(_write(tmp_path / "a.json", _runs(15000.0, 15600.0))),
+                       "--evidence", str(store))
+    assert code == 0 and "2 run(s) added, 0 replaced, 2 in all" in out
+    code, out, _ = run(capsys, "evidence", "import", str(_write(tmp_path / "b.json", _runs(15300.0))),
+                       "--evidence", str(store))  # the same id as the first: replaced
+    assert code == 0 and "0 run(s) added, 1 replaced, 2 in all" in out
+    code, out, _ = run(capsys, "evidence", "list", "--evidence", str(store), "--format", "json")
+    rows = json.loads(out)
+    assert [row["tokens_per_second_per_gpu"] for row in rows] == [15300.0, 15600.0]
+    assert all(row["measured_over_predicted"] == pytest.approx(
+        row["tokens_per_second_per_gpu"] / row["predicted_tokens_per_second_per_gpu"], rel=1e-3) for row in rows)
+
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--evidence", str(store), "--format", "json")
+    plan = json.loads(out)
+    evidence = plan["evidence"]
+    assert evidence["runs"] == [row["id"] for row in rows] and 0.7 < evidence["factor"] < 0.85
+    assert evidence["tokens_per_second_per_gpu"] == pytest.approx(
+        plan["estimate"]["tokens_per_second_per_gpu"] * evidence["factor"], rel=1e-3)
+    assert evidence["tokens_per_second_relative"] < plan["error_band"]["tokens_per_second_relative"]
+    code, out, _ = run(capsys, "plan", "llama3.2-3b", "--evidence", str(store), "--format", "json")
+    assert json.loads(out)["evidence"] is None  # another model: its runs say nothing
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--evidence", str(store))
+    assert "team's evidence: 2 measured run(s) of this model on this instance type" in out
+
+    code, out, _ = run(capsys, "evidence", "export", str(tmp_path / "out.json"), "--evidence", str(store))
+    assert code == 0 and json.loads((tmp_path / "out.json").read_text()) == json.loads(store.read_text())
+    code, _, err = run(capsys, "evidence", "export", str(tmp_path / "out.json"), "--evidence", str(store))
+    assert code == 2 and "exists" in err
+
+
+@pytest.mark.parametrize(("document", "phrase"), [
+    ({"version": 2, "runs": []}, "version 2 is not supported"),
+    ({"runs": [{"id": "x"}]}, "runs.0.kind: Field required"),
+    ("not an object", "Input should be"),
+])
+def test_a_file_that_is_not_evidence_is_one_line_and_the_store_is_untouched(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, document: Any, phrase: str) -> None:
+    store = _write(tmp_path / "evidence.json", _runs(15000.0))
+    before = store.read_text()
+    good = _write(tmp_path / "good.json", _runs(16000.0, profile="llama3.2-3b"))
+    code, _, err = run(capsys, "evidence", "import", str(good), str(_write(tmp_path / "bad.json", document)),
+                       "--evidence", str(store))
+    assert code == 2 and phrase in err and "bad.json" in err and len(err.strip().splitlines()) == 1
+    assert store.read_text() == before  # the good file was not merged either
+
+
+def test_a_duplicate_id_in_one_file_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    document = _runs(15000.0)
+    document["runs"].append(document["runs"][0])
+    code, _, err = run(capsys, "evidence", "import", str(_write(tmp_path / "dup.json", document)),
+                       "--evidence", str(tmp_path / "store.json"))
+    assert code == 2 and "appears twice" in err and not (tmp_path / "store.json").exists()
+
+
+@settings(max_examples=capped(40), deadline=None)
+@given(document=st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.text(max_size=8),
+                             lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                         max_size=3), max_leaves=12))
+def test_any_json_is_evidence_or_one_line(document: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from btk.errors import BtkError
+    from btk.evidence import read_evidence
+
+    path = tmp_path_factory.mktemp("e") / "any.json"
+    path.write_text(json.dumps(document))
+    try:
+        read_evidence(path)
+    except BtkError as error:
+        assert "\n" not in str(error) and str(path) in str(error)
