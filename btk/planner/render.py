@@ -166,7 +166,12 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: R
     lines += ["plan:", render_evaluation(best)]
     lines += render_global_batch(plan.global_batch)
     lines += render_scaling(plan)
-    lines += render_training_cost(plan.training_cost(plan_duration_hours))
+    cost = plan.training_cost(plan_duration_hours)
+    lines += render_training_cost(cost)
+    if cost is not None and correction is not None:
+        lines.append(f"  at the team's measured speed (x{correction.factor:.3f}): "
+                     f"{format_days(cost.on_demand_days / correction.factor)}, "
+                     f"{format_usd(cost.on_demand_usd / correction.factor)} on demand")
     if rehearsal is not None:
         lines.append(
             f"rehearsal first: {rehearsal.steps} steps on {rehearsal.nodes} x {plan.instance.name}, about "

@@ -58,6 +58,7 @@ def test_import_list_export_and_the_plan_corrected(capsys: pytest.CaptureFixture
     assert json.loads(out)["evidence"] is None  # another model: its runs say nothing
     code, out, _ = run(capsys, "plan", "llama3.1-8b", "--evidence", str(store))
     assert "team's evidence: 2 measured run(s) of this model on this instance type" in out
+    assert f"at the team's measured speed (x{evidence['factor']:.3f})" in out  # what the long run costs at it
 
     code, out, _ = run(capsys, "evidence", "export", str(tmp_path / "out.json"), "--evidence", str(store))
     assert code == 0 and json.loads((tmp_path / "out.json").read_text()) == json.loads(store.read_text())
