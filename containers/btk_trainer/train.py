@@ -334,10 +334,28 @@ def setup_distributed(device: torch.device, timeout_minutes: int) -> None:
     if dist.is_initialized():
         return
     timeout = timedelta(minutes=timeout_minutes)
-    if device.type == "cuda":
-        dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
-    else:
-        dist.init_process_group(backend="gloo", timeout=timeout)
+    backend: dict[str, Any] = {"backend": "nccl", "device_id": device} if device.type == "cuda" else {"backend": "gloo"}
+    dist.init_process_group(**backend, timeout=timeout, **attempt_store(timeout))
+
+
+def attempt_store(timeout: timedelta) -> dict[str, Any]:
+    """``init_process_group``'s store arguments for a torchrun restart; none for the first attempt (``env://``).
+
+    torchrun's static rendezvous keeps one store for every attempt of a job, so the processes of a
+    restart (a knob-ladder step, :mod:`btk_trainer.ladder`) would find the previous attempt's keys
+    in it: the process group's peer addresses of processes that are gone, and a connection to them
+    is refused. Each restart therefore keys its process group under a prefix of its own.
+    """
+    from torch._C._distributed_c10d import PrefixStore, TCPStore  # the classes torch.distributed re-exports
+
+    restart = int(os.environ.get(RESTART_COUNT_ENV) or 0)
+    if restart == 0:
+        return {}
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and
+                          os.environ.get("RANK") == "0", timeout=timeout)
+    return {"store": PrefixStore(f"btk/attempt-{restart}", store), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 @dataclass(frozen=True)

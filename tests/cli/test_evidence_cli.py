@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import fixture_catalog
 import pytest
 from cli_run import run
 from example_budget import capped
@@ -17,6 +18,12 @@ from btk.hardware import get_instance_type
 from btk.planner.search import plan_profile
 
 B200 = "ml.p6-b200.48xlarge"
+
+
+@pytest.fixture(autouse=True)
+def _fixture_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture catalog's profiles, whatever the user's profiles/ holds."""
+    fixture_catalog.install(monkeypatch)
 
 
 def _runs(*speeds: float, profile: str = "llama3.1-8b") -> dict[str, Any]:

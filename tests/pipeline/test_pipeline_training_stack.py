@@ -161,7 +161,8 @@ def test_on_demand_environments_default_to_no_plan(synth: Synth) -> None:
     assert ("TrainingPlanArn" in synth.template["Outputs"]) == planned
 
 
-def test_a_plan_environment_rehearses_each_profile_against_the_planners_figure_for_the_rehearsal() -> None:
+def test_a_plan_environment_rehearses_each_profile_against_the_planners_figure_for_the_rehearsal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate's threshold is the environment's share of the planner's tokens/s for the knobs on the rehearsal's
     nodes (one where they fit there); an on-demand environment has no rehearsal."""
     from datetime import UTC, datetime
@@ -174,6 +175,7 @@ def test_a_plan_environment_rehearses_each_profile_against_the_planners_figure_f
     from training_constructs.pipeline import _rehearsal
 
     env = reserve_environment(fc.STAGING, datetime(2030, 1, 1, tzinfo=UTC))
+    fc.install(monkeypatch, env)  # the fixture catalog, whatever the user's profiles/ holds
     assert env.rehearses and not fc.STAGING.rehearses
     instance = get_instance_type(env.instance_type)
     for planned in planned_profiles(env):
