@@ -88,8 +88,12 @@ def parse_evidence(text: bytes, where: str) -> Evidence:
 
 
 def read_evidence(path: Path) -> Evidence:
-    """The file at ``path``; no file is no evidence, anything else unreadable is one line."""
+    """The file at ``path``; no file is no evidence (a file that cannot be there, below a file, is one line, as is
+    anything else unreadable)."""
     if not path.exists():
+        above = next((parent for parent in path.parents if parent.exists()), None)
+        if above is not None and not above.is_dir():
+            raise BtkError(f"{path}: {above} is a file, not a folder")
         return Evidence()
     try:
         return Evidence.model_validate(read_json_file(path))

@@ -111,3 +111,11 @@ def test_any_json_is_evidence_or_one_line(document: Any, tmp_path_factory: pytes
         read_evidence(path)
     except BtkError as error:
         assert "\n" not in str(error) and str(path) in str(error)
+
+
+def test_a_store_below_a_file_is_one_line_not_an_empty_store(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    (tmp_path / "file.json").write_text("{}")
+    for command in (["evidence", "list"], ["plan", "llama3.1-8b"]):
+        code, _, err = run(capsys, *command, "--evidence", str(tmp_path / "file.json" / "store.json"))
+        assert code == 2 and "file.json is a file, not a folder" in err and len(err.strip().splitlines()) == 1
