@@ -18,7 +18,6 @@ Every failure to read it is one line naming the file and the field.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -26,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from btk.errors import BtkError, FieldError, one_line
+from btk.files import write_atomically
 from btk.jsonfile import parse_json, read_json_file
 from btk.knobs import TrainingKnobs
 from btk.profile import ModelArchitecture
@@ -119,9 +119,6 @@ def write_evidence(path: Path, evidence: Evidence) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(dir=directory, prefix=path.name + ".", suffix=".tmp")
-        with os.fdopen(handle, "w") as file:
-            file.write(evidence.model_dump_json(indent=1) + "\n")
-        Path(name).replace(path)
+        write_atomically(path, evidence.model_dump_json(indent=1) + "\n")
     except OSError as error:
         raise BtkError(f"{path}: cannot be written ({error.strerror or error})") from None

@@ -48,9 +48,7 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -58,6 +56,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from btk.errors import BtkError, one_line
+from btk.files import write_atomically
 from btk.jsonfile import MAX_JSON_BYTES, parse_json
 
 FORMAT_VERSION = 1
@@ -374,14 +373,4 @@ def write_verification_record(path: Path, directory: Path, manifest: ShardManife
     record = VerificationRecord(manifest_sha256=manifest_digest(manifest),
                                 shards={shard.file: shard_stat(directory / shard.file) for shard in manifest.shards})
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary name of its own: two jobs verifying the same dataset at once each rename a whole file.
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    temporary = Path(name)
-    try:
-        os.fchmod(handle, 0o644)  # readable by every job that finds it, as the shards are
-        with os.fdopen(handle, "w") as file:
-            file.write(record.model_dump_json(indent=1) + "\n")
-        temporary.replace(path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomically(path, record.model_dump_json(indent=1) + "\n")

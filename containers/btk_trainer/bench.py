@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from btk.errors import BtkError
+from btk.files import write_atomically
 from btk.hardware import InstanceType, get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings
 from btk.knobs import TrainingKnobs, parse_knobs
@@ -283,13 +284,6 @@ def environment_label(environment: dict[str, str | None]) -> str:
             f"torch {environment['torch']} (CUDA {environment['cuda'] or 'none: a CPU build'}), "
             f"torchao {environment['torchao'] or 'not installed'}, pydantic {environment['pydantic']}, "
             f"Python {environment['python']}")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename: a reader (or a kill) never sees half a file."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def release_device_memory(on_gpu: bool) -> None:

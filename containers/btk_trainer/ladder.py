@@ -18,13 +18,12 @@ the other nodes'): there an out-of-memory fails the job naming the next rung to 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from btk.errors import BtkError
+from btk.files import write_atomically
 from btk.hyperparameters import JobHyperparameters
 from btk.knobs import TrainingKnobs
 
@@ -97,8 +96,5 @@ def step_down(path: Path | None, spec: JobHyperparameters, rung: int, restart: i
                        "the next rung")
     state = LadderState(rung=rung + 1, attempt=restart + 1, reason=failed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(handle, "w") as file:
-        file.write(state.model_dump_json())
-    Path(name).replace(path)
+    write_atomically(path, state.model_dump_json())
     return True, f"{failed}; restarting on rung {rung + 1}: {describe(following)}"

@@ -340,7 +340,6 @@ def test_a_restart_reads_no_unchanged_shard_and_hashes_a_changed_one_before_read
 ) -> None:
     """The first start hashes every shard and records them; a restart hashes none; a shard rewritten since (same
     size, its modification time even set back) is hashed again and refused; a restaged good copy is accepted."""
-    import os
 
     import torch.distributed as dist
 
@@ -358,9 +357,7 @@ def test_a_restart_reads_no_unchanged_shard_and_hashes_a_changed_one_before_read
 
     target = tmp_path / "ds" / "shard_00002.bin"
     good = target.read_bytes()
-    before = target.stat()
-    target.write_bytes(bytes([good[0] ^ 0x01]) + good[1:])  # one flipped bit, same size
-    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # modification time set back: ctime still moves
+    _flip_a_bit_keeping_size_and_mtime(target)  # modification time set back: the change time still moves
     with pytest.raises(BtkError, match=r"shard_00002.bin fails its sha256"):
         TokenShards(tmp_path / "ds", seq_len=8, verify="ranks", record=record)
     assert hashed == ["shard_00002.bin"]

@@ -16,7 +16,7 @@ if os.environ.get("BTK_TEST_OUT_OF_MEMORY_RANK") == os.environ.get("RANK", "-"):
     limit = int(os.environ["BTK_TEST_OUT_OF_MEMORY_ABOVE"])
     read = data.BatchLoader.next
 
-    def out_of_memory_above(self):  # type: ignore[no-untyped-def]
+    def out_of_memory_above(self: data.BatchLoader) -> data.Batch:
         batch = read(self)
         if batch.inputs.shape[0] > limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
