@@ -1,17 +1,21 @@
 """A Hugging Face ``config.json`` as a model profile (``btk profile import``).
 
-Reads the dense decoders the trainer implements — ``model_type`` llama, mistral, qwen2, qwen3
-and olmo2 — into a :class:`~btk.profile.ModelArchitecture` through transformers' own config class
+Reads the dense decoders the trainer implements — ``model_type`` llama, mistral, qwen2, qwen3,
+olmo2, granite, smollm3 and phi3 — into a :class:`~btk.profile.ModelArchitecture` through transformers' own config class
 for the model type (the pinned release, :data:`TRANSFORMERS_PIN`): every default, alias
 (``rope_scaling`` read into ``rope_parameters``) and validation is transformers', and a key the
 class does not declare is never read (Mistral's ``attention_bias``). What stays written here is the
 modelling code's structure per model type (Qwen2's q/k/v biases, Qwen3's per-head and OLMo 2's
-per-projection QK-norm, OLMo 2's norms after the sublayers). The profile is written out as a
+per-projection QK-norm, OLMo 2's norms after the sublayers, Phi-3's fused projections); what the
+families add to Llama's block is read from their own config keys (Granite's four multipliers,
+SmolLM3's ``no_rope_layers`` as every n-th block). ``head_dim`` is read as every family's modelling
+code reads it, whether the config class declares it or not. The profile is written out as a
 Python module to commit or as JSON. Anything the trainer does not implement is refused naming
 every ``config.json`` field at fault in one line: mixture-of-experts, sliding-window attention
 (as transformers decides it: Mistral's default window, Qwen's ``use_sliding_window``), logit
 soft-capping, vision/audio towers, RoPE other than Llama 3's or on part of a head, activations
-other than SiLU, MLP biases, attention dropout, quantised checkpoints. The inverse, the ``config.json`` the trainer
+other than SiLU, MLP biases, attention, residual or embedding dropout, blocks without RoPE in any
+pattern but every n-th, quantised checkpoints. The inverse, the ``config.json`` the trainer
 exports, is ``btk_trainer.model.hf_config``; importing what it writes gives the same
 architecture back (tested).
 """
@@ -41,7 +45,8 @@ from btk.profile import (
     TrainingIntent,
 )
 
-FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen", "qwen3": "qwen", "olmo2": "olmo"}
+FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen", "qwen3": "qwen", "olmo2": "olmo",
+            "granite": "granite", "smollm3": "smollm", "phi3": "phi"}
 """The ``model_type`` values imported, with the profile ``family`` each gets."""
 
 CONFIG_KEYS = {
@@ -57,6 +62,11 @@ CONFIG_KEYS = {
     "rms_norm_eps": "rms_norm_eps",
     "head_dim": "head_dim",
     "rope_scaling": "rope_scaling",
+    "embedding_multiplier": "embedding_multiplier",
+    "attention_multiplier": "attention_multiplier",
+    "residual_multiplier": "residual_multiplier",
+    "logits_scaling": "logits_scaling",
+    "no_rope_interval": "no_rope_layers",
 }
 """The ``config.json`` key each architecture field is read from (errors name the key)."""
 
@@ -176,13 +186,40 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
     if getattr(hf, "hidden_act", "silu") != "silu":
         shown = printable(repr(hf.hidden_act))[:60]
         problems.append(_refusal("hidden_act", f"{shown} is not supported (SwiGLU with silu only)"))
+    if model_type == "smollm3":
+        flags = getattr(hf, "no_rope_layers", None)
+        if not isinstance(flags, list) or len(flags) != hf.num_hidden_layers or any(f not in (0, 1) for f in flags):
+            problems.append(_refusal("no_rope_layers", f"expected one 0 or 1 per layer ({hf.num_hidden_layers})"))
+        elif _no_rope_interval(hf) == 0:
+            problems.append(_refusal("no_rope_layers", "blocks without RoPE other than every n-th block are not "
+                                     "supported"))
     for key, why in (("mlp_bias", "MLP biases are not supported"),
-                     ("attention_dropout", "attention dropout is not supported; the trainer trains without dropout"),
+                     ("attention_dropout", "attention dropout is not supported (the trainer trains without dropout)"),
                      ("clip_qkv", "clipping q/k/v is not supported"),
-                     ("use_mrope", "multimodal rotary embeddings are not supported")):
+                     ("use_mrope", "multimodal rotary embeddings are not supported"),
+                     ("resid_pdrop", "residual dropout is not supported (the trainer trains without dropout)"),
+                     ("embd_pdrop", "embedding dropout is not supported (the trainer trains without dropout)")):
         if _declares(hf, key) and _present(getattr(hf, key, None)):
             problems.append(_refusal(key, why))
     return problems
+
+
+def _no_rope_interval(hf: Any) -> int | None:
+    """The n of SmolLM3's ``no_rope_layers`` (0 marks a block without RoPE) when it is every n-th block, None when
+    every block has RoPE, 0 for any other pattern."""
+    flags = list(getattr(hf, "no_rope_layers", None) or [])
+    if all(flags):
+        return None
+    interval = next(index for index, flag in enumerate(flags) if not flag) + 1
+    return interval if flags == [int((index + 1) % interval != 0) for index in range(len(flags))] else 0
+
+
+def _granite_scalars(hf: Any, model_type: str) -> dict[str, Any]:
+    """Granite's four multipliers as architecture fields (transformers' defaults when the file leaves them out)."""
+    if model_type != "granite":
+        return {}
+    return {"embedding_multiplier": hf.embedding_multiplier, "attention_multiplier": hf.attention_multiplier,
+            "residual_multiplier": hf.residual_multiplier, "logits_scaling": hf.logits_scaling}
 
 
 def _rope(hf: Any) -> tuple[Any, Any]:
@@ -230,13 +267,17 @@ def architecture_from_config(config: Any) -> ModelArchitecture:
         "rope_theta": theta,
         "rope_scaling": scaling,
         "rms_norm_eps": hf.rms_norm_eps,
-        "head_dim": getattr(hf, "head_dim", None) if _declares(hf, "head_dim") else None,
+        # Read as every supported family's modelling code reads it, declared by the class or not (None: derived).
+        "head_dim": getattr(hf, "head_dim", None),
         # The modelling code's structure (not a default): Qwen2 builds q/k/v biases and no output bias whatever
         # the config says; the others put attention_bias on all four, where their config class declares it.
         "attention_bias": True if model_type == "qwen2" else bias,
         "attention_output_bias": False if model_type == "qwen2" else bias,
         "qk_norm": {"qwen3": "head", "olmo2": "projection"}.get(model_type, "none"),
         "norm_placement": "post" if model_type == "olmo2" else "pre",
+        **_granite_scalars(hf, model_type),
+        "no_rope_interval": _no_rope_interval(hf) if model_type == "smollm3" else None,
+        "fused_projections": model_type == "phi3",
     }
     if values["num_kv_heads"] == 0 or getattr(hf, "num_key_value_heads", 1) == 0:
         raise _refuse("num_key_value_heads", "0: a model has at least one key/value head")

@@ -8,8 +8,9 @@ that config, so an import cannot quietly describe another network than the one t
    shape by shape, and transformers' count is the profile's.
 2. **A scaled-down copy with weights**: the same config at 2 layers, 16-wide heads, a 128-token vocabulary (the
    structure kept: grouped or multi-head attention, a head wider than hidden / heads, tied embeddings, biases,
-   QK-norms, norm placement, RoPE scaling) is imported the same way; transformers' model gets random weights
-   (norms and biases too), the trainer's model loads them, and their fp32 logits on the same tokens agree within
+   QK-norms, norm placement, RoPE scaling, Granite's multipliers, a block without RoPE, fused projections) is
+   imported the same way; transformers' model gets random weights (norms and biases too), the trainer's model
+   loads them, and their fp32 logits on the same tokens agree within
    :data:`LOGITS_TOLERANCE` (the same math in a different order).
 
 A difference is one line naming the first parameter, the count or the logits' largest gap (:class:`BtkError`).
@@ -117,7 +118,9 @@ def check_full_size(config: Mapping[str, Any], arch: ModelArchitecture) -> tuple
         theirs = _hf_model(transformers, config)
         ours = decoder(arch)
     model_class = type(theirs).__name__
-    difference = _first_difference(_shapes(theirs), _shapes(ours), model_class)
+    their_parameters = _trainer_model().from_hf_state_dict(dict(theirs.named_parameters()), arch)
+    difference = _first_difference({name: tuple(tensor.shape) for name, tensor in their_parameters.items()},
+                                   _shapes(ours), model_class)
     if difference:
         raise BtkError(printable(f"config.json: the import does not build transformers' model: {difference}"))
     count = sum(parameter.numel() for parameter in theirs.parameters())
@@ -145,10 +148,14 @@ def scaled_config(config: Mapping[str, Any], arch: ModelArchitecture) -> dict[st
     }
     if "head_dim" in config or wide_head:
         scaled["head_dim"] = SCALED_HEAD_DIM
-    for token in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids past the small vocabulary
-        if isinstance(scaled.get(token), int) and scaled[token] >= SCALED_VOCAB:
+    for token in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids past the small vocabulary, or the
+        value = scaled.get(token)  # config class's default id when the file leaves it out (SmolLM3's pad 128004)
+        if not isinstance(value, int) or value >= SCALED_VOCAB:
             scaled[token] = None
     scaled.pop("layer_types", None)  # one entry per layer of the full model
+    scaled.pop("no_rope_layers", None)
+    if arch.no_rope_interval is not None:  # SmolLM3: the second of the two blocks without RoPE
+        scaled["no_rope_layer_interval"] = min(arch.no_rope_interval, SCALED_LAYERS)
     return scaled
 
 
@@ -162,7 +169,8 @@ def check_scaled_logits(config: Mapping[str, Any], scaled_arch: ModelArchitectur
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1
                             + (1.0 if parameter.ndim == 1 else 0.0))
     ours = _trainer_model().Decoder(scaled_arch).float().eval()
-    missing, unexpected = ours.load_state_dict(theirs.state_dict(), strict=False)
+    state = _trainer_model().from_hf_state_dict(theirs.state_dict(), scaled_arch)
+    missing, unexpected = ours.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise BtkError(printable(f"config.json: the scaled copy's weights do not load into the trainer's model: "
                                  f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"))

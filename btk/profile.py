@@ -83,7 +83,18 @@ HF_LAYOUTS: dict[tuple[str, str, bool, bool], str] = {
 }
 """The Hugging Face ``model_type`` that holds each block layout, keyed by
 ``(qk_norm, norm_placement, attention_bias, attention_output_bias)``; Mistral's layout is Llama's.
-Exported checkpoints use it, so a profile can only describe a layout one of these implements."""
+Exported checkpoints use it, so a profile can only describe a layout one of these implements.
+Three families keep Llama's layout and add one thing (:data:`LLAMA_VARIANTS`)."""
+
+LLAMA_VARIANTS: dict[str, tuple[str, str]] = {
+    "granite": ("embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling",
+                "Granite 3.x's scalar multipliers"),
+    "smollm3": ("no_rope_interval", "SmolLM3's layers without RoPE"),
+    "phi3": ("fused_projections", "Phi-3/Phi-4's fused q/k/v and gate/up checkpoint layout"),
+}
+"""Hugging Face families whose block is Llama's (no QK-norm, norms before the sublayers, no biases or
+biases on all four projections) plus what the profile fields named here describe; each is exported
+as its own ``model_type``, so an architecture uses at most one of them."""
 
 
 MAX_ROPE_THETA = 1e9
@@ -117,9 +128,9 @@ class RopeScaling(BaseModel):
 
 
 class ModelArchitecture(BaseModel):
-    """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2 layouts).
+    """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2, Granite 3, SmolLM3, Phi-3/4).
 
-    The fields after ``rms_norm_eps`` came with the Qwen3, Mistral NeMo and OLMo 2 families;
+    The fields after ``rms_norm_eps`` came with the Qwen3, Mistral NeMo, OLMo 2, Granite, SmolLM3 and Phi-3 families;
     their defaults describe the Llama/Qwen2 block every earlier profile meant, and at their
     defaults they are left out of job hyperparameters (:attr:`LEFT_OUT_AT_DEFAULT`), so a
     profile that does not use them plans, synthesizes and trains exactly as before.
@@ -128,7 +139,8 @@ class ModelArchitecture(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = (
-        "head_dim", "qk_norm", "norm_placement", "attention_output_bias",
+        "head_dim", "qk_norm", "norm_placement", "attention_output_bias", "embedding_multiplier",
+        "attention_multiplier", "residual_multiplier", "logits_scaling", "no_rope_interval", "fused_projections",
     )
 
     num_layers: int = Field(ge=1, le=512)
@@ -155,6 +167,33 @@ class ModelArchitecture(BaseModel):
     qk_norm: QkNorm = Field(default="none", description="RMSNorm on q and k (see QkNorm); default none")
     norm_placement: NormPlacement = Field(default="pre", description="norms before or after each sublayer; default pre")
     attention_output_bias: bool = Field(default=False, description="a bias on the output projection; default none")
+    # Granite 3.x (GraniteForCausalLM): four scalars around Llama's block; the defaults are Llama's.
+    embedding_multiplier: float = Field(
+        default=1.0, gt=0, le=1e4, allow_inf_nan=False,
+        description="the token embeddings are multiplied by it before the first block; default 1 (Granite: 12)",
+    )
+    attention_multiplier: float | None = Field(
+        default=None, gt=0, le=1e4, allow_inf_nan=False,
+        description="the attention scores' scale q.k * s; None (the default) is 1/sqrt(head_dim) (Granite: 1/128)",
+    )
+    residual_multiplier: float = Field(
+        default=1.0, gt=0, le=1e4, allow_inf_nan=False,
+        description="each sublayer's output is multiplied by it before the residual add; default 1 (Granite: 0.22)",
+    )
+    logits_scaling: float = Field(
+        default=1.0, gt=0, le=1e4, allow_inf_nan=False,
+        description="the logits are divided by it (loss included); default 1 (Granite: 16)",
+    )
+    no_rope_interval: int | None = Field(
+        default=None, ge=1, le=512,
+        description="every n-th block (the n-th, 2n-th, ...) attends without rotary embeddings; None (the "
+        "default): RoPE in every block (SmolLM3: 4)",
+    )
+    fused_projections: bool = Field(
+        default=False,
+        description="the Hugging Face checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj "
+        "(Phi-3/Phi-4); the math is Llama's, and the trainer splits and fuses them at load and export",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -193,7 +232,39 @@ class ModelArchitecture(BaseModel):
         layout = (self.qk_norm, self.norm_placement, self.attention_bias, self.attention_output_bias)
         if layout not in HF_LAYOUTS:
             raise FieldError(_layout_field(self), _layout_problem(self))
+        variants = self.llama_variants
+        if len(variants) > 1:
+            fields = " and ".join(self._set_field(name) for name in variants)
+            raise FieldError(self._set_field(variants[1]),
+                             f"{fields} are features of different families ({', '.join(variants)}); no Hugging Face "
+                             "family has both")
+        if variants and HF_LAYOUTS[layout] != "llama":
+            name = variants[0]
+            raise FieldError(self._set_field(name),
+                             f"{LLAMA_VARIANTS[name][1]} come with Llama's block, not {HF_LAYOUTS[layout]}'s "
+                             "(QK-norm, post-norm or q/k/v-only biases)")
+        if self.fused_projections and self.attention_bias:
+            raise FieldError("fused_projections", "Phi-3's fused projections have no biases; set attention_bias "
+                             "and attention_output_bias to false")
         return self
+
+    @property
+    def llama_variants(self) -> list[str]:
+        """The :data:`LLAMA_VARIANTS` whose fields this architecture sets away from Llama's."""
+        granite = (self.embedding_multiplier, self.attention_multiplier, self.residual_multiplier,
+                   self.logits_scaling) != (1.0, None, 1.0, 1.0)
+        flags = {"granite": granite, "smollm3": self.no_rope_interval is not None, "phi3": self.fused_projections}
+        return [name for name, on in flags.items() if on]
+
+    def _set_field(self, variant: str) -> str:
+        """The first field of :data:`LLAMA_VARIANTS` ``variant`` this architecture sets away from its default."""
+        names = [name.strip() for name in LLAMA_VARIANTS[variant][0].split(",")]
+        fields = type(self).model_fields
+        return next((name for name in names if getattr(self, name) != fields[name].default), names[0])
+
+    def uses_rope(self, layer_index: int) -> bool:
+        """Whether block ``layer_index`` (from 0) rotates q and k (:attr:`no_rope_interval`)."""
+        return self.no_rope_interval is None or (layer_index + 1) % self.no_rope_interval != 0
 
     @property
     def effective_head_dim(self) -> int:
@@ -212,7 +283,11 @@ class ModelArchitecture(BaseModel):
 
     @property
     def hf_model_type(self) -> str:
-        """The Hugging Face ``model_type`` whose block this architecture is (see :data:`HF_LAYOUTS`)."""
+        """The Hugging Face ``model_type`` whose block this architecture is (:data:`HF_LAYOUTS`,
+        :data:`LLAMA_VARIANTS`)."""
+        variants = self.llama_variants
+        if variants:
+            return variants[0]
         return HF_LAYOUTS[(self.qk_norm, self.norm_placement, self.attention_bias, self.attention_output_bias)]
 
     @property

@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
         help="a profile from a local Hugging Face config.json",
         description="Read a Hugging Face config.json (a local file, or the model directory holding one) and print "
         "a profile module to save in profiles/: the architecture and its parameter count from the config, a "
-        "training intent to edit. Llama 3.x, Mistral, Qwen2.5, Qwen3 and OLMo 2 dense models; anything the "
+        "training intent to edit. Llama 3.x, Mistral, Qwen2.5, Qwen3, OLMo 2, Granite 3.x, SmolLM3 and "
+        "Phi-3/Phi-4 dense models; anything the "
         "trainer does not implement (mixture-of-experts, sliding-window attention, soft-capping, vision) is "
         "refused naming the field.",
     )

@@ -1,4 +1,4 @@
-"""A dense decoder (Llama, Mistral, Qwen2, Qwen3, OLMo 2 layouts) with Hugging Face-compatible parameter names.
+"""A dense decoder (Llama, Mistral, Qwen2, Qwen3, OLMo 2, Granite, SmolLM3, Phi-3 layouts) with Hugging Face names.
 
 Model code only: no parallelism, no precision tricks (those are applied from outside by
 :mod:`btk_trainer.parallelize`, torchtitan style). The parameter names match Hugging Face's
@@ -7,7 +7,9 @@ Model code only: no parallelism, no precision tricks (those are applied from out
 ``...self_attn.q_norm.weight``, ``...post_feedforward_layernorm.weight``, ``model.norm.weight``,
 ``lm_head.weight``), so a Hugging Face safetensors checkpoint loads with :func:`load_safetensors`
 as it is, and :func:`export_hf` writes one back with the ``config.json`` of the architecture's
-family (:attr:`btk.profile.ModelArchitecture.hf_model_type`).
+family (:attr:`btk.profile.ModelArchitecture.hf_model_type`). Phi-3's checkpoints stack q/k/v and
+gate/up into one matrix each: they are split when loaded and stacked when exported
+(:func:`from_hf_state_dict`, :func:`to_hf_state_dict`); the model itself keeps one layout.
 """
 
 from __future__ import annotations
@@ -201,9 +203,11 @@ class Attention(nn.Module):
     the split (OLMo 2; under tensor parallelism its mean runs over the heads of every rank).
     """
 
-    def __init__(self, arch: ModelArchitecture) -> None:
+    def __init__(self, arch: ModelArchitecture, *, rope: bool = True) -> None:
         super().__init__()
         self.head_dim = arch.effective_head_dim
+        self.rope = rope  # False: this block attends without rotary embeddings (SmolLM3's NoPE blocks)
+        self.scale = arch.attention_multiplier  # None: 1/sqrt(head_dim), SDPA's own default
         self.num_groups = arch.num_attention_heads // arch.num_kv_heads
         self.qk_norm = arch.qk_norm
         h = arch.hidden_size
@@ -233,17 +237,18 @@ class Attention(nn.Module):
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
         gqa = self.num_groups > 1
         if mask is None:
             with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
         elif isinstance(mask, torch.Tensor):
             with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         else:
-            out = flex_attention_compiled()(q, k, v, block_mask=mask, enable_gqa=gqa)
+            out = flex_attention_compiled()(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=gqa)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         return projected
 
@@ -288,13 +293,14 @@ class DecoderLayer(nn.Module):
     the MLP's output).
     """
 
-    def __init__(self, arch: ModelArchitecture) -> None:
+    def __init__(self, arch: ModelArchitecture, layer_index: int = 0) -> None:
         super().__init__()
         self.pre_norm = arch.norm_placement == "pre"
+        self.residual_multiplier = arch.residual_multiplier  # Granite scales each sublayer's output
         fp32_scale = scales_norms_in_fp32(arch)
         if self.pre_norm:
             self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
-        self.self_attn = Attention(arch)
+        self.self_attn = Attention(arch, rope=arch.uses_rope(layer_index))
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
         self.mlp = MLP(arch)
         if not self.pre_norm:
@@ -303,12 +309,18 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: AttentionMask = None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+            x = x + self._residual(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+            out: torch.Tensor = x + self._residual(self.mlp(self.post_attention_layernorm(x)))
             return out
         x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, mask))
         post: torch.Tensor = x + self.post_feedforward_layernorm(self.mlp(x))
         return post
+
+    def _residual(self, sublayer_output: torch.Tensor) -> torch.Tensor:
+        """What a sublayer adds to the residual stream (no multiply where the multiplier is 1)."""
+        if self.residual_multiplier == 1.0:
+            return sublayer_output
+        return sublayer_output * self.residual_multiplier
 
     def norms(self) -> list[RMSNorm]:
         """The block's two residual-stream norms."""
@@ -329,7 +341,7 @@ class DecoderBody(nn.Module):
     def __init__(self, arch: ModelArchitecture) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(arch) for _ in range(arch.num_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(arch, index) for index in range(arch.num_layers)])
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=scales_norms_in_fp32(arch))
 
 
@@ -523,14 +535,19 @@ class Decoder(nn.Module):
         return create_block_mask(same_document_causal(documents), batch, None, seq, seq, device=documents.device)
 
     def hidden(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden states (after the last norm), shape (batch, seq, hidden); ``documents`` (batch, seq): attend
+        """Final hidden states as the head reads them (after the last norm, divided by ``logits_scaling``: the
+        head is linear, so its logits are divided), shape (batch, seq, hidden); ``documents`` (batch, seq): attend
         within each document only (:meth:`attention_mask`)."""
         x = self.model.embed_tokens(tokens)
+        if self.arch.embedding_multiplier != 1.0:
+            x = x * self.arch.embedding_multiplier
         cos, sin = self.rope(tokens.shape[1], tokens.device, x.dtype)
         mask = self.attention_mask(documents)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask)
         normed: torch.Tensor = self.model.norm(x)
+        if self.arch.logits_scaling != 1.0:
+            normed = normed / self.arch.logits_scaling
         return normed
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
@@ -571,6 +588,9 @@ HF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 """The ``architectures`` entry of each ``model_type`` :func:`hf_config` writes (Mistral's block is Llama's)."""
 
@@ -605,15 +625,69 @@ def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any
         "hidden_act": "silu",
         "torch_dtype": dtype,
     }
-    if model_type == "olmo2":
+    if model_type in ("olmo2", "smollm3", "phi3"):
         # The trainer's embedding has no padding row (documents are packed, no pad token is
-        # trained); Olmo2Config would otherwise default pad_token_id to 1 and freeze that row.
+        # trained); these config classes would otherwise default pad_token_id to a token id and
+        # freeze that row.
         config["pad_token_id"] = None
-    if model_type != "qwen2":  # Qwen2 builds its q/k/v biases in and has no such setting
+    if model_type not in ("qwen2", "phi3"):  # Qwen2 builds its q/k/v biases in, Phi-3 has none
         config["attention_bias"] = arch.attention_bias
-    if model_type == "llama":
+    if model_type in ("llama", "granite", "smollm3"):
         config["mlp_bias"] = False
+    if model_type == "granite":
+        config.update(embedding_multiplier=arch.embedding_multiplier, residual_multiplier=arch.residual_multiplier,
+                      logits_scaling=arch.logits_scaling,
+                      attention_multiplier=arch.attention_multiplier or arch.effective_head_dim ** -0.5)
+    if model_type == "smollm3":
+        config.update(no_rope_layer_interval=arch.no_rope_interval, use_sliding_window=False)
     return config
+
+
+FUSED_PROJECTIONS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
+"""Phi-3's fused projections (:attr:`~btk.profile.ModelArchitecture.fused_projections`) and the trainer's own
+projections each stacks along its output dimension, in order."""
+
+
+def _fused_parts(arch: ModelArchitecture, fused: str) -> list[tuple[str, int]]:
+    """(trainer name, output width) of each projection ``fused`` stacks."""
+    widths = {"q_proj": arch.attention_width, "k_proj": arch.kv_dim, "v_proj": arch.kv_dim,
+              "gate_proj": arch.ffn_hidden_size, "up_proj": arch.ffn_hidden_size}
+    module = fused.split(".")[0]
+    return [(f"{module}.{part}", widths[part]) for part in FUSED_PROJECTIONS[fused]]
+
+
+def from_hf_state_dict(state: dict[str, torch.Tensor], arch: ModelArchitecture) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict in the trainer's names: Phi-3's fused projections split into the trainer's
+    (torchtitan's way: the model keeps one layout, checkpoints are converted at the boundary). A fused tensor
+    whose rows do not add up is left as it is, for the caller to report by name."""
+    if not arch.fused_projections:
+        return state
+    converted: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        fused = next((key for key in FUSED_PROJECTIONS if name.endswith(f".{key}.weight")), None)
+        parts = _fused_parts(arch, fused) if fused else []
+        if not fused or tensor.shape[0] != sum(width for _, width in parts):
+            converted[name] = tensor
+            continue
+        prefix = name.removesuffix(f"{fused}.weight")
+        pieces = torch.split(tensor, [width for _, width in parts])
+        for (part, _), piece in zip(parts, pieces, strict=True):
+            converted[f"{prefix}{part}.weight"] = piece
+    return converted
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], arch: ModelArchitecture) -> dict[str, torch.Tensor]:
+    """The trainer's state dict in Hugging Face's names (the inverse of :func:`from_hf_state_dict`)."""
+    if not arch.fused_projections:
+        return state
+    converted = dict(state)
+    for name in [name for name in state if name.endswith(".self_attn.q_proj.weight") or
+                 name.endswith(".mlp.gate_proj.weight")]:
+        fused = "self_attn.qkv_proj" if name.endswith("q_proj.weight") else "mlp.gate_up_proj"
+        prefix = name.removesuffix(f"{_fused_parts(arch, fused)[0][0]}.weight")
+        pieces = [converted.pop(f"{prefix}{part}.weight") for part, _ in _fused_parts(arch, fused)]
+        converted[f"{prefix}{fused}.weight"] = torch.cat(pieces)
+    return converted
 
 
 def load_safetensors(model: Decoder, directory: Path) -> None:
@@ -630,6 +704,7 @@ def load_safetensors(model: Decoder, directory: Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
+    state = from_hf_state_dict(state, model.arch)
     if model.arch.tied_embeddings:
         state.pop("lm_head.weight", None)
     expected = {name for name, _ in model.named_parameters()}
@@ -652,7 +727,7 @@ def export_hf(state: dict[str, torch.Tensor], arch: ModelArchitecture, directory
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: tensor.detach().to(dtype).contiguous() for name, tensor in state.items()}
+    tensors = {name: tensor.detach().to(dtype).contiguous() for name, tensor in to_hf_state_dict(state, arch).items()}
     if arch.tied_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

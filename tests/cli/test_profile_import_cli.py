@@ -138,8 +138,9 @@ def test_an_import_transformers_model_disagrees_with_is_one_line_exit_2(capsys: 
     trainer_model = btk.hf_proof._trainer_model
 
     def skewed() -> Any:
-        decoder = trainer_model().Decoder
-        return SimpleNamespace(Decoder=lambda arch: decoder(arch.model_copy(update={"rms_norm_eps": 0.5})))
+        model = trainer_model()
+        return SimpleNamespace(Decoder=lambda arch: model.Decoder(arch.model_copy(update={"rms_norm_eps": 0.5})),
+                               from_hf_state_dict=model.from_hf_state_dict)
 
     monkeypatch.setattr(btk.hf_proof, "_trainer_model", skewed)
     code, out, err = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b")

@@ -1,4 +1,5 @@
-"""The architecture fields of the Qwen3 / Mistral NeMo / OLMo 2 families: defaults, validation, hyperparameters.
+"""The architecture fields of the Qwen3 / Mistral NeMo / OLMo 2 / Granite / SmolLM3 / Phi-3 families: defaults,
+validation, hyperparameters.
 
 Their defaults must describe the block every earlier profile meant: stating them explicitly gives
 the same architecture, the same plans and the same job hyperparameters as leaving them out, for
@@ -117,11 +118,37 @@ def test_unsupported_features_are_refused_at_load_naming_the_field(field: str) -
         ({"head_dim": 1}, "architecture.head_dim: "),
         ({"qk_norm": "both"}, "architecture.qk_norm: "),
         ({"hidden_size": 66}, "architecture.num_attention_heads: "),
+        ({"embedding_multiplier": 12.0, "no_rope_interval": 4}, "architecture.no_rope_interval: "),
+        ({"no_rope_interval": 4, "fused_projections": True}, "architecture.fused_projections: "),
+        ({"logits_scaling": 16.0, "qk_norm": "head"}, "architecture.logits_scaling: "),
+        ({"no_rope_interval": 4, "norm_placement": "post", "qk_norm": "projection"}, "architecture.no_rope_interval: "),
+        ({"fused_projections": True, "attention_bias": True, "attention_output_bias": True},
+         "architecture.fused_projections: "),
+        ({"attention_multiplier": 0.0}, "architecture.attention_multiplier: "),
+        ({"residual_multiplier": float("nan")}, "architecture.residual_multiplier: "),
+        ({"no_rope_interval": 0}, "architecture.no_rope_interval: "),
     ],
 )
 def test_layouts_no_family_has_are_refused_naming_the_field(changes: dict[str, object], field: str) -> None:
     message = _profile_error(**changes)
     assert message.startswith(field) and "\n" not in message
+
+
+@given(st.sampled_from([None, 1, 2, 3, 4]), st.booleans(), st.sampled_from([1.0, 0.22]), st.integers(1, 12))
+def test_the_added_fields_round_trip_through_hyperparameters(
+    no_rope_interval: int | None, fused: bool, residual: float, layers: int
+) -> None:
+    """At most one family's additions at once (those are the architectures that exist); the job reads them back."""
+    changes: dict[str, object] = ({"no_rope_interval": no_rope_interval} if no_rope_interval else
+                                  {"fused_projections": True} if fused else {"residual_multiplier": residual})
+    arch = ModelArchitecture.model_validate(_architecture(num_layers=layers, **changes))
+    spec = JobHyperparameters(knobs=TrainingKnobs(micro_batch_size=1, seq_len=64), architecture=arch,
+                              training={"seq_len": 64, "global_batch_tokens": 4096},  # type: ignore[arg-type]
+                              job=JobSettings(profile="added"))
+    assert from_hyperparameters(to_hyperparameters(spec)) == spec
+    blocks_without_rope = [index for index in range(layers) if not arch.uses_rope(index)]
+    interval = arch.no_rope_interval
+    assert blocks_without_rope == ([] if interval is None else list(range(interval - 1, layers, interval)))
 
 
 def test_head_dim_frees_the_head_count_from_the_hidden_size() -> None:

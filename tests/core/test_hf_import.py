@@ -16,12 +16,14 @@ import pytest
 
 from btk.errors import BtkError
 from btk.hf_import import (
+    FAMILIES,
     architecture_from_config,
     profile_from_config,
     profile_module,
     published_count_from_index,
     variable_name,
 )
+from btk.hf_proof import check_full_size
 from btk.profile import ModelProfile
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
@@ -42,9 +44,9 @@ def _config(name: str) -> Any:
     return json.loads((CONFIGS / name).read_text())
 
 
-def test_the_fixtures_cover_five_families_and_four_refusals() -> None:
+def test_the_fixtures_cover_every_supported_model_type_and_four_refusals() -> None:
     families = {_config(name)["model_type"] for name in SUPPORTED}
-    assert len(SUPPORTED) >= 8 and families == {"llama", "mistral", "qwen2", "qwen3", "olmo2"}
+    assert len(SUPPORTED) >= 8 and families == set(FAMILIES)
     refused = {field for _url, field in REFUSED.values()}
     assert refused >= {"num_experts", "final_logit_softcapping", "sliding_window", "vision_config"}
     assert sorted(path.name for path in CONFIGS.glob("*.json")) == sorted([*SUPPORTED, *REFUSED])
@@ -223,3 +225,52 @@ def test_a_window_of_zero_tokens_is_a_window() -> None:
     assert config["sliding_window"] is None
     with pytest.raises(BtkError, match=r"^config.json: sliding_window: sliding-window attention \(0 tokens"):
         architecture_from_config({**config, "sliding_window": 0})
+
+
+def test_granite_phi3_and_smollm3_add_their_fields_to_llamas_block() -> None:
+    granite = architecture_from_config(_config("granite-3.3-8b-instruct.json"))
+    assert (granite.embedding_multiplier, granite.attention_multiplier, granite.residual_multiplier,
+            granite.logits_scaling, granite.hf_model_type) == (12.0, 0.0078125, 0.22, 16.0, "granite")
+    smollm3 = architecture_from_config(_config("smollm3-3b.json"))
+    assert (smollm3.no_rope_interval, smollm3.tied_embeddings, smollm3.hf_model_type) == (4, True, "smollm3")
+    assert [smollm3.uses_rope(index) for index in range(8)] == [True, True, True, False] * 2
+    phi4 = architecture_from_config(_config("phi-4.json"))
+    assert (phi4.fused_projections, phi4.attention_bias, phi4.hf_model_type) == (True, False, "phi3")
+
+
+def test_granites_multipliers_left_out_are_transformers_defaults() -> None:
+    """GraniteConfig's attention_multiplier default is 1.0 (not 1/sqrt(head_dim)): the kit reads it, not its own."""
+    config = _without(_config("granite-3.3-8b-instruct.json"), "attention_multiplier", "logits_scaling")
+    arch = architecture_from_config(config)
+    defaults = _transformers(config)
+    assert (arch.attention_multiplier, arch.logits_scaling) == (defaults.attention_multiplier, defaults.logits_scaling)
+    assert arch.attention_multiplier == 1.0
+
+
+def test_a_head_dim_the_class_does_not_declare_is_read_as_the_model_reads_it() -> None:
+    """GraniteConfig, Phi3Config and Olmo2Config do not declare head_dim, but their modelling code reads it."""
+    for name in ("granite-3.3-8b-instruct.json", "phi-4.json", "olmo-2-1124-7b.json"):
+        config = {**_config(name), "head_dim": 64}
+        arch = architecture_from_config(config)
+        assert arch.effective_head_dim == 64
+        assert check_full_size(config, arch)[1] == arch.parameter_count  # transformers' model has 64-wide heads
+
+
+def test_smollm3s_blocks_without_rope_are_read_from_transformers_list() -> None:
+    base = _config("smollm3-3b.json")
+    interval_only = _without(base, "no_rope_layers")
+    assert architecture_from_config({**interval_only, "no_rope_layer_interval": 3}).no_rope_interval == 3
+    assert architecture_from_config({**base, "no_rope_layers": [1] * 36}).no_rope_interval is None
+    irregular = [1, 0, 0, 1] * 9
+    with pytest.raises(BtkError, match=r"^config.json: no_rope_layers: blocks without RoPE other than every n-th"):
+        architecture_from_config({**base, "no_rope_layers": irregular})
+    with pytest.raises(BtkError, match=r"^config.json: no_rope_layers: expected one 0 or 1 per layer \(36\)"):
+        architecture_from_config({**base, "no_rope_layers": [1, 1, 1, 0]})
+
+
+def test_phi3s_dropouts_and_partial_rotary_are_refused_at_once() -> None:
+    config = {**_config("phi-4.json"), "resid_pdrop": 0.1, "embd_pdrop": 0.1, "partial_rotary_factor": 0.75}
+    with pytest.raises(BtkError) as refused:
+        architecture_from_config(config)
+    reasons = str(refused.value).removeprefix("config.json: ").split("; ")
+    assert {reason.split(":", 1)[0] for reason in reasons} == {"resid_pdrop", "embd_pdrop", "partial_rotary_factor"}

@@ -3,7 +3,7 @@
     python tests/trainer/architecture_tp_worker.py WORKDIR
 
 For each toy architecture (Mistral NeMo's wide heads, Qwen3's per-head QK-norm, OLMo 2's
-whole-projection QK-norm and post-sublayer norms) and each activation-checkpointing mode, both
+whole-projection QK-norm and post-sublayer norms, Granite's multipliers, SmolLM3's block without RoPE) and each activation-checkpointing mode, both
 ranks build the model with TP=2 (one data-parallel rank, sequence parallelism, loss-parallel
 head) and run one forward/backward on the same batch; rank 0 also runs the plain model on it.
 Both start from the same weights (``Decoder.init_weights`` fills every layout alike), so the
@@ -26,12 +26,20 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import RANK_START_METHOD, tiny_mistral_nemo, tiny_olmo2, tiny_qwen3  # noqa: E402
+from trainer_fixtures import (  # noqa: E402
+    RANK_START_METHOD,
+    tiny_granite,
+    tiny_mistral_nemo,
+    tiny_olmo2,
+    tiny_qwen3,
+    tiny_smollm3,
+)
 
 from btk.knobs import TrainingKnobs  # noqa: E402
 from btk.profile import ModelArchitecture  # noqa: E402
 
-ARCHITECTURES = {"mistral-nemo": tiny_mistral_nemo(), "qwen3": tiny_qwen3(), "olmo2": tiny_olmo2()}
+ARCHITECTURES = {"mistral-nemo": tiny_mistral_nemo(), "qwen3": tiny_qwen3(), "olmo2": tiny_olmo2(),
+                 "granite": tiny_granite(), "smollm3": tiny_smollm3()}
 # (activation checkpointing, compile backend): eager, and the GPU's compiled path traced by aot_eager.
 MODES = (("none", None), ("selective", None), ("full", None), ("selective", "aot_eager"))
 SEED = 5

@@ -30,7 +30,7 @@ import pytest
 import torch
 from btk_trainer import dryrun
 from btk_trainer.model import DecoderLayer, rope_tables
-from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen3
+from trainer_fixtures import tiny_granite, tiny_llama, tiny_olmo2, tiny_qwen3, tiny_smollm3
 
 from btk.hardware import get_instance_type
 from btk.knobs import TrainingKnobs
@@ -46,6 +46,9 @@ LAYOUTS: dict[str, Callable[..., ModelArchitecture]] = {
     "llama": lambda **depth: tiny_llama(**WIDTHS, **depth),
     "qwen3": lambda **depth: tiny_qwen3(**{**WIDTHS, "head_dim": 96}, **depth),
     "olmo2": lambda **depth: tiny_olmo2(**{**WIDTHS, "num_kv_heads": 4}, **depth),
+    "granite": lambda **depth: tiny_granite(**WIDTHS, **depth),
+    # Every third block without RoPE: the block a depth of 3 adds over 2 is one.
+    "smollm3": lambda **depth: tiny_smollm3(**{**WIDTHS, "no_rope_interval": 3}, **depth),
 }
 
 
@@ -87,6 +90,9 @@ EAGER_CASES = [
     ("olmo2", {"activation_checkpointing": "none"}),
     ("olmo2", {"activation_checkpointing": "none", "tensor_parallel": 2}),
     ("olmo2", {"activation_checkpointing": "selective"}),
+    ("granite", {"activation_checkpointing": "none"}),
+    ("granite", {"activation_checkpointing": "selective", "tensor_parallel": 2}),
+    ("smollm3", {"activation_checkpointing": "none"}),
 ]
 
 

@@ -6,13 +6,15 @@ exact count of FSDP2's shards. Bad input is one line (exit 2); a plan the traine
 and a plan that does not fit fail in one line (exit 1). Full-size cases (``slow``, two at a
 time): every plan of the user's ``environments.py`` at its instance type, node count and knobs
 and one legacy baseline (as ``--shipped``), a tensor-parallel plan over 2 nodes and an MXFP8
-plan on the fixture catalog.
+plan on the fixture catalog, and the plans of Granite 3.3 8B, SmolLM3-3B and Phi-4 imported from
+their real config.json files.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import fixture_catalog
@@ -26,6 +28,7 @@ from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen, tiny_qwen3
 from btk import catalog
 from btk.cli.arguments import max_nodes
 from btk.hardware import get_instance_type
+from btk.hf_import import profile_from_config
 from btk.knobs import TrainingKnobs
 from btk.planner.search import memory_budget_gib
 from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
@@ -212,10 +215,20 @@ def fixture_case(name: str, nodes: int, **settings: str) -> dryrun.DryRunCase:
     return dryrun.profile_case(fixture_catalog.PROFILES[name], B200, nodes, settings or None)
 
 
+def imported_case(config_file: str, name: str) -> dryrun.DryRunCase:
+    """The plan of a profile imported from a real config.json (tests/hf_configs) on one B200 node."""
+    config = json.loads((Path(__file__).resolve().parents[1] / "hf_configs" / config_file).read_text())
+    return dryrun.profile_case(profile_from_config(config, name), B200, 1, None)
+
+
 FULL_SIZE = {
     "tensor-parallel": lambda: fixture_case("llama3.2-1b", 2, tensor_parallel="2",
                                             activation_checkpointing="selective"),
     "mxfp8": lambda: fixture_case("llama3.2-1b", 1, precision="mxfp8", activation_checkpointing="selective"),
+    # The families whose block adds to Llama's: multipliers, blocks without RoPE, fused checkpoint projections.
+    "granite": lambda: imported_case("granite-3.3-8b-instruct.json", "granite-3.3-8b"),
+    "smollm3": lambda: imported_case("smollm3-3b.json", "smollm3-3b"),
+    "phi3": lambda: imported_case("phi-4.json", "phi-4"),
 }
 DRY_RUN_JOBS = 2
 """Cases run side by side: one core each (CI has two)."""

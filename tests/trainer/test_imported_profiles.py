@@ -1,8 +1,9 @@
 """Profiles imported from real config.json files plan, train and export without hand edits (CPU, one rank).
 
-Qwen3-4B (heads 128 wide against a 2560 residual, per-head QK-norm, tied) and Mistral NeMo 12B
-(heads 128 wide against 5120 / 32 = 160) are imported from tests/hf_configs as they are and
-planned. Training them needs GPUs, so the job trains each one's block layout at toy size: the
+Qwen3-4B (heads 128 wide against a 2560 residual, per-head QK-norm, tied), Mistral NeMo 12B
+(heads 128 wide against 5120 / 32 = 160), Granite 3.3 8B (multipliers), SmolLM3-3B (every fourth
+block without RoPE) and Phi-4 (fused checkpoint projections) are imported from tests/hf_configs as
+they are and planned. Training them needs GPUs, so the job trains each one's block layout at toy size: the
 same fields with the widths scaled down (head_dim kept apart from hidden / heads), written to a
 hyperparameters.json and run through the trainer's own entry point. The exported checkpoint is
 then loaded by transformers from its config.json alone and gives the trained model's logits.
@@ -22,8 +23,9 @@ from btk_trainer.train import main
 from test_model_parity import FAMILIES, HF_CLASSES
 
 from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
+from btk.hf_import import FAMILIES as HF_FAMILIES
 from btk.hf_import import architecture_from_config, profile_from_config
-from btk.hyperparameters import JobHyperparameters, JobSettings, to_hyperparameters
+from btk.hyperparameters import JobHyperparameters, JobSettings, from_hyperparameters, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.planner.search import plan_profile
 from btk.planner.throughput import model_flops_per_token
@@ -33,12 +35,16 @@ transformers = pytest.importorskip("transformers")
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
 IMPORTED = {"qwen3-4b": "qwen3-4b.json", "mistral-nemo-12b": "mistral-nemo-base-2407.json"}
+ADDED_TO_LLAMA = {"granite-3.3-8b": "granite-3.3-8b-instruct.json", "smollm3-3b": "smollm3-3b.json",
+                  "phi-4": "phi-4.json"}
+"""Families whose block is Llama's plus multipliers (Granite), blocks without RoPE (SmolLM3) or a fused
+checkpoint layout (Phi-4)."""
 SUPPORTED = sorted(path.name for path in CONFIGS.glob("*.json")
-                   if json.loads(path.read_text()).get("model_type") in ("llama", "mistral", "qwen2", "qwen3", "olmo2"))
+                   if json.loads(path.read_text()).get("model_type") in HF_FAMILIES)
 
 
 def imported(name: str) -> ModelProfile:
-    return profile_from_config(json.loads((CONFIGS / IMPORTED[name]).read_text()), name)
+    return profile_from_config(json.loads((CONFIGS / {**IMPORTED, **ADDED_TO_LLAMA}[name]).read_text()), name)
 
 
 def at_toy_size(arch: ModelArchitecture) -> ModelArchitecture:
@@ -46,7 +52,9 @@ def at_toy_size(arch: ModelArchitecture) -> ModelArchitecture:
     changes: dict[str, Any] = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                "num_kv_heads": 2 if arch.num_kv_heads < arch.num_attention_heads else 4,
                                "ffn_hidden_size": 96, "vocab_size": 128, "max_context": 256,
-                               "head_dim": None if arch.head_dim is None else 32}
+                               "head_dim": None if arch.head_dim is None else 32,
+                               # one of the two blocks without RoPE, where the model has such blocks
+                               "no_rope_interval": None if arch.no_rope_interval is None else 2}
     return ModelArchitecture.model_validate(arch.model_dump() | changes)
 
 
@@ -62,8 +70,28 @@ def test_imported_profiles_plan_with_their_attention_width(name: str) -> None:
     assert attention == 12.0 * arch.num_layers * 32 * 128 * 4096
 
 
+@pytest.mark.parametrize("name", sorted(ADDED_TO_LLAMA))
+def test_added_families_plan_and_their_jobs_carry_the_block(name: str) -> None:
+    """The plan fits one B200 node with Llama's FLOPs rule (the multipliers, a block without RoPE and fused storage
+    add no matmul), and the job's hyperparameters carry every field that makes the block what it is."""
+    profile = imported(name)
+    arch = profile.architecture
+    plan = plan_profile(profile, get_instance_type(DEFAULT_INSTANCE_TYPE), 1)
+    assert plan.evaluation.fits
+    llama = arch.model_copy(update={"embedding_multiplier": 1.0, "attention_multiplier": None,
+                                    "residual_multiplier": 1.0, "logits_scaling": 1.0, "no_rope_interval": None,
+                                    "fused_projections": False})
+    assert model_flops_per_token(arch, 8192) == model_flops_per_token(llama, 8192)
+    spec = JobHyperparameters(knobs=plan.knobs, architecture=arch, training=profile.training,
+                              job=JobSettings(profile=name))
+    written = to_hyperparameters(spec)
+    changed = {key for key in ModelArchitecture.LEFT_OUT_AT_DEFAULT if getattr(arch, key) != getattr(llama, key)}
+    assert changed and {f"arch.{key}" for key in changed} <= written.keys()
+    assert from_hyperparameters(written).architecture == arch
+
+
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("name", sorted(IMPORTED))
+@pytest.mark.parametrize("name", sorted([*IMPORTED, *ADDED_TO_LLAMA]))
 def test_imported_layouts_train_export_and_load_in_transformers(name: str, tmp_path: Path) -> None:
     arch = at_toy_size(imported(name).architecture)
     spec = JobHyperparameters(

@@ -2,11 +2,13 @@
 
 One tiny random configuration per family: Llama 3.x (GQA, llama3 RoPE scaling; and with
 attention biases), Qwen2.5 (q/k/v biases, tied), Mistral NeMo (head_dim wider than
-hidden / heads), Qwen3 (per-head QK-norm) and OLMo 2 (QK-norm over the whole projections,
-norms after each sublayer). Our checkpoint is exported with :func:`export_hf`, and
-transformers builds its model from that ``config.json`` alone, so the exported config is
-checked too. Tolerance: fp32 logits within atol 1e-5 / rtol 1e-5 (same math, different op
-order); gradients and the logits after one SGD step within atol/rtol 1e-5.
+hidden / heads), Qwen3 (per-head QK-norm), OLMo 2 (QK-norm over the whole projections,
+norms after each sublayer), Granite 3.x (embedding, attention, residual and logits multipliers),
+SmolLM3 (a block without RoPE) and Phi-3/Phi-4 (fused q/k/v and gate/up in the checkpoint).
+Our checkpoint is exported with :func:`export_hf`, and transformers builds its model from that
+``config.json`` alone, so the exported config is checked too. Tolerance: fp32 logits within
+atol 1e-5 / rtol 1e-5 (same math, different op order); gradients and the logits after one SGD
+step within atol/rtol 1e-5.
 """
 
 from __future__ import annotations
@@ -17,8 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling)
-from btk_trainer.model import Decoder, export_hf, load_safetensors
-from trainer_fixtures import tiny_llama, tiny_mistral_nemo, tiny_olmo2, tiny_qwen, tiny_qwen3
+from btk_trainer.model import Decoder, export_hf, from_hf_state_dict, load_safetensors, to_hf_state_dict
+from trainer_fixtures import (
+    tiny_granite,
+    tiny_llama,
+    tiny_mistral_nemo,
+    tiny_olmo2,
+    tiny_phi3,
+    tiny_qwen,
+    tiny_qwen3,
+    tiny_smollm3,
+)
 
 from btk.profile import ModelArchitecture
 
@@ -32,9 +43,13 @@ FAMILIES = {
     "mistral-nemo-head-dim": tiny_mistral_nemo(),
     "qwen3-head-qk-norm": tiny_qwen3(),
     "olmo2-post-norm-projection-qk-norm": tiny_olmo2(),
+    "granite-multipliers": tiny_granite(),
+    "smollm3-no-rope-block": tiny_smollm3(),
+    "phi3-fused-projections": tiny_phi3(),
 }
 HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-              "olmo2": "Olmo2ForCausalLM"}
+              "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+              "phi3": "Phi3ForCausalLM"}
 
 
 def _hf_model(directory: Path) -> torch.nn.Module:
@@ -94,10 +109,11 @@ def test_one_training_step_matches_hugging_face(arch: ModelArchitecture, tmp_pat
     torch.testing.assert_close(our_loss, hf_loss, atol=1e-5, rtol=1e-5)
     our_loss.backward()
     hf_loss.backward()
-    hf_parameters = dict(hf.named_parameters())
+    # In the trainer's names (Phi-3's fused gradients split as its weights are).
+    hf_gradients = from_hf_state_dict({name: p.grad for name, p in hf.named_parameters() if p.grad is not None}, arch)
     for name, parameter in ours.named_parameters():
         assert parameter.grad is not None, name
-        torch.testing.assert_close(parameter.grad, hf_parameters[name].grad, atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(parameter.grad, hf_gradients[name], atol=1e-5, rtol=1e-5, msg=name)
     for model in (ours, hf):  # SGD: the update is linear in the gradient (Adam's first step is its sign,
         torch.optim.SGD(model.parameters(), lr=0.5).step()  # which rounding flips where a gradient is ~0)
     probe = _tokens(arch, 3)
@@ -111,6 +127,23 @@ def test_hugging_face_names(llama_arch: ModelArchitecture) -> None:
     assert "model.layers.1.self_attn.q_proj.weight" in names
     assert "model.layers.0.mlp.down_proj.weight" in names
     assert "model.norm.weight" in names and "lm_head.weight" in names
+
+
+def test_fused_checkpoints_hold_phi3s_names_and_split_back() -> None:
+    """A Phi-3 checkpoint stores q/k/v and gate/up stacked in that order; loading splits them into the same tensors."""
+    arch = tiny_phi3()
+    state = Decoder(arch).state_dict()
+    exported = to_hf_state_dict(state, arch)
+    assert {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"} <= exported.keys()
+    assert not any(name.endswith((".q_proj.weight", ".gate_proj.weight", ".up_proj.weight")) for name in exported)
+    layer = "model.layers.0."
+    torch.testing.assert_close(exported[f"{layer}self_attn.qkv_proj.weight"], torch.cat(
+        [state[f"{layer}self_attn.{part}_proj.weight"] for part in "qkv"]), atol=0, rtol=0)
+    back = from_hf_state_dict(exported, arch)
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[name], state[name]) for name in state)
+    truncated = {**exported, f"{layer}mlp.gate_up_proj.weight": exported[f"{layer}mlp.gate_up_proj.weight"][:-1]}
+    assert f"{layer}mlp.gate_up_proj.weight" in from_hf_state_dict(truncated, arch)  # left as it is, to be named
 
 
 def test_load_rejects_wrong_architecture(llama_arch: ModelArchitecture, tmp_path: Path) -> None:

@@ -91,6 +91,34 @@ def tiny_olmo2(**overrides: object) -> ModelArchitecture:
     return tiny_llama(**values)
 
 
+def tiny_granite(**overrides: object) -> ModelArchitecture:
+    """A Granite 3.x-like toy: Llama's block with the embedding, attention, residual and logits multipliers, tied."""
+    values: dict[str, object] = {
+        "tied_embeddings": True,
+        "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.05,
+        "residual_multiplier": 0.22,
+        "logits_scaling": 16.0,
+    }
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
+def tiny_smollm3(**overrides: object) -> ModelArchitecture:
+    """A SmolLM3-like toy: the second of its two blocks attends without RoPE, tied embeddings."""
+    values: dict[str, object] = {"no_rope_interval": 2, "tied_embeddings": True, "rope_scaling": None,
+                                 "rope_theta": 5000000.0, "rms_norm_eps": 1e-6}
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
+def tiny_phi3(**overrides: object) -> ModelArchitecture:
+    """A Phi-3/Phi-4-like toy: checkpoints with fused qkv_proj and gate_up_proj, no RoPE scaling."""
+    values: dict[str, object] = {"fused_projections": True, "rope_scaling": None, "rope_theta": 250000.0}
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
 def tiny_spec(**knob_values: Any) -> JobHyperparameters:
     """A whole job on :func:`tiny_llama`: 32-token windows, warmup 2, clipping at 1.0, a checkpoint every 3 steps.
 
