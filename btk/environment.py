@@ -322,8 +322,10 @@ class RehearsalConfig(BaseModel):
     It trains the plan's knobs on the fewest nodes that hold them (one where they fit), with the
     environment's data, for ``steps`` optimizer steps: past compilation and the first metric lines,
     so the last metric line (what the gate reads) is a steady-state one. It passes when its
-    tokens/s per GPU reach ``min_throughput_share`` of the planner's prediction for it and no step
-    was skipped as non-finite; an out-of-memory fails it (after the knob ladder's rungs).
+    tokens/s per GPU reach ``min_throughput_share`` of the planner's prediction for it, no step was
+    skipped as non-finite, its peak allocated memory per GPU is within the planner's budget for the
+    instance type, and (``require_falling_loss``) its loss fell from its first metric line to its
+    last; an out-of-memory fails it (after the knob ladder's rungs).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -337,6 +339,11 @@ class RehearsalConfig(BaseModel):
         description="the share of the predicted tokens/s per GPU the rehearsal must reach",
     )
     max_runtime_minutes: int = Field(default=120, ge=10, le=24 * 60, description="the rehearsal job's time limit")
+    require_falling_loss: bool = Field(
+        default=True,
+        description="the loss must fall over the rehearsal; turn off for a job that starts from trained weights "
+        "(job.init_from), whose loss may not fall measurably in a few dozen steps",
+    )
 
 
 CapacityConfig = Annotated[

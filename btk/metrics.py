@@ -57,9 +57,14 @@ METRICS: tuple[Metric, ...] = (
     # Printed once per job by the network pre-flight (btk_trainer.preflight), on a line of its
     # own (format_preflight_line): NCCL all-reduce bus bandwidth across all nodes, GB/s (1e9).
     Metric("allreduce_busbw_gbps", "train:allreduce_busbw_gbps", "{:.1f}", "GB/s"),
+    # Printed once per run that reaches its last step, on a line of its own (format_loss_drop_line): the loss of
+    # the run's first metric line minus its last's; above 0 when the loss fell. A rehearsal's gate reads it.
+    Metric("loss_drop", "train:loss_drop", "{:.6f}", "none"),
 )
+OWN_LINE_METRICS = ("allreduce_busbw_gbps", "loss_drop")
+"""Metrics printed once, each on a line of its own, not on the per-step training line."""
 #: The metrics of the per-step training line (format_metric_line); the rest have lines of their own.
-TRAINING_METRICS: tuple[Metric, ...] = tuple(metric for metric in METRICS if metric.key != "allreduce_busbw_gbps")
+TRAINING_METRICS: tuple[Metric, ...] = tuple(metric for metric in METRICS if metric.key not in OWN_LINE_METRICS)
 METRICS_BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 
 METRIC_DEFINITIONS: list[dict[str, str]] = [
@@ -91,10 +96,19 @@ def format_metric_line(
     return f"{LINE_PREFIX} {fields}"
 
 
+def _own_line(key: str, value: float) -> str:
+    metric = METRICS_BY_KEY[key]
+    return f"{LINE_PREFIX} {metric.key}={metric.fmt.format(value)}"
+
+
 def format_preflight_line(*, allreduce_busbw_gbps: float) -> str:
     """Format the network pre-flight's metric line (printed once per job, before training)."""
-    metric = METRICS_BY_KEY["allreduce_busbw_gbps"]
-    return f"{LINE_PREFIX} {metric.key}={metric.fmt.format(allreduce_busbw_gbps)}"
+    return _own_line("allreduce_busbw_gbps", allreduce_busbw_gbps)
+
+
+def format_loss_drop_line(*, first_loss: float, last_loss: float) -> str:
+    """Format the end-of-run line: how far the loss fell from the run's first metric line to its last."""
+    return _own_line("loss_drop", first_loss - last_loss)
 
 
 def parse_metric_line(line: str) -> dict[str, float] | None:

@@ -26,9 +26,10 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from btk.environment import EnvironmentConfig
+from btk.hardware import get_instance_type
 from btk.knobs import TrainingKnobs
 from btk.naming import TAG_ENVIRONMENT, environment_prefix, job_name_prefix, pipeline_name
-from btk.planner.search import rehearsal_threshold
+from btk.planner.search import rehearsal_memory_limit_gib, rehearsal_threshold
 from btk.profile import ModelProfile
 from training_constructs.data_stage import DatasetsLocation
 from training_constructs.locations import FileSystemLocation
@@ -509,4 +510,6 @@ def _rehearsal(env: EnvironmentConfig, planned: PlannedProfile, path: str) -> Re
     rehearsal = env.rehearsal
     return RehearsalSpec(nodes=planned.rehearsal_nodes, steps=rehearsal.steps,
                          min_tokens_per_second_per_gpu=rehearsal_threshold(predicted, rehearsal.min_throughput_share),
-                         max_runtime_seconds=rehearsal.max_runtime_minutes * 60)
+                         max_runtime_seconds=rehearsal.max_runtime_minutes * 60,
+                         max_peak_memory_gib=rehearsal_memory_limit_gib(get_instance_type(env.instance_type)),
+                         require_falling_loss=rehearsal.require_falling_loss)

@@ -169,12 +169,17 @@ class RehearsalSpec:
     :param steps: its optimizer steps.
     :param min_tokens_per_second_per_gpu: the last metric line's tokens/s per GPU must reach this.
     :param max_runtime_seconds: its time limit.
+    :param max_peak_memory_gib: the last metric line's peak allocated memory per GPU must stay within this
+        (:func:`btk.planner.search.memory_budget_gib` of the instance type).
+    :param require_falling_loss: the end-of-run ``loss_drop`` must be above 0. Default: True.
     """
 
     nodes: int
     steps: int
     min_tokens_per_second_per_gpu: float
     max_runtime_seconds: int
+    max_peak_memory_gib: float
+    require_falling_loss: bool = True
 
 
 @dataclass(frozen=True)
@@ -504,7 +509,12 @@ class _Builder:
 
     def _branch(self, *, on_plan: bool) -> list[Any]:
         """The steps on demand or on a plan: the long run, after the rehearsal and its gate when there is one."""
-        from sagemaker.core.workflow.conditions import ConditionEquals, ConditionGreaterThanOrEqualTo
+        from sagemaker.core.workflow.conditions import (
+            ConditionEquals,
+            ConditionGreaterThan,
+            ConditionGreaterThanOrEqualTo,
+            ConditionLessThanOrEqualTo,
+        )
         from sagemaker.mlops.workflow import ConditionStep
         from sagemaker.mlops.workflow.fail_step import FailStep
 
@@ -515,19 +525,25 @@ class _Builder:
             return [train]
         rehearse = self._training_step(STEP_REHEARSE + suffix, on_plan=on_plan, rehearsal=rehearsal)
         final = rehearse.properties.FinalMetricDataList
-        throughput, nonfinite = (METRICS_BY_KEY[key].sagemaker_name for key in ("tokens_per_second_per_gpu",
-                                                                                 "nonfinite_steps"))
+        throughput, nonfinite, memory, loss_drop = (
+            METRICS_BY_KEY[key].sagemaker_name
+            for key in ("tokens_per_second_per_gpu", "nonfinite_steps", "peak_memory_gib", "loss_drop"))
+        conditions = [
+            ConditionGreaterThanOrEqualTo(left=final[throughput].Value, right=rehearsal.min_tokens_per_second_per_gpu),
+            ConditionEquals(left=final[nonfinite].Value, right=0.0),
+            ConditionLessThanOrEqualTo(left=final[memory].Value, right=rehearsal.max_peak_memory_gib),
+        ]
+        musts = [f"its last {throughput} must reach {rehearsal.min_tokens_per_second_per_gpu:,.1f}",
+                 f"{nonfinite} be 0", f"{memory} stay within {rehearsal.max_peak_memory_gib:,.2f}"]
+        if rehearsal.require_falling_loss:
+            conditions.append(ConditionGreaterThan(left=final[loss_drop].Value, right=0.0))
+            musts.append(f"{loss_drop} be above 0")
         gate = ConditionStep(
             name=STEP_REHEARSAL_GATE + suffix,
-            conditions=[
-                ConditionGreaterThanOrEqualTo(left=final[throughput].Value,
-                                              right=rehearsal.min_tokens_per_second_per_gpu),
-                ConditionEquals(left=final[nonfinite].Value, right=0.0),
-            ],
+            conditions=conditions,
             if_steps=[train],
             else_steps=[FailStep(name=STEP_REHEARSAL_FAILED + suffix, error_message=(
-                f"the rehearsal did not pass: its last {throughput} must reach "
-                f"{rehearsal.min_tokens_per_second_per_gpu:,.1f} and {nonfinite} be 0; read the {STEP_REHEARSE}"
+                f"the rehearsal did not pass: {', '.join(musts[:-1])} and {musts[-1]}; read the {STEP_REHEARSE}"
                 f"{suffix} job's metrics and log, then re-plan (btk plan) or change the environment's rehearsal"))],
         )
         return [rehearse, gate]

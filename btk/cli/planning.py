@@ -181,7 +181,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise BtkError("plan needs a PROFILE (see `btk profiles`) or --env ENV")
 
     plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
-    rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share)
+    rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share,
+                                 require_falling_loss=env.rehearsal.require_falling_loss)
                   if args.env is not None and env.rehearses else None for plan in plans]
     evidence = read_evidence(evidence_path(args.evidence))
     corrections = [correct_plan(plan, evidence) for plan in plans]

@@ -178,7 +178,8 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: R
             f"{rehearsal.training_seconds / 60:.0f} min of training (${rehearsal.usd:,.0f}) plus start-up and "
             f"compilation; the long run starts only at >= {format_speed(rehearsal.min_tokens_per_second_per_gpu)} "
             f"tokens/s/GPU (of {format_speed(rehearsal.predicted_tokens_per_second_per_gpu)} predicted for it) "
-            "with no non-finite step")
+            f"with no non-finite step, peak memory within {rehearsal.max_peak_memory_gib:,.1f} GiB/GPU"
+            f"{' and the loss falling' if rehearsal.require_falling_loss else ''}")
     lines.append("why:")
     lines += [f"  - {line}" for line in plan.explanations]
     if plan.baseline is not None:

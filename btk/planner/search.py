@@ -609,22 +609,35 @@ class RehearsalGate:
     """The rehearsal's steps at the predicted speed: start-up, data staging and compilation come on top."""
     usd: float
     """``training_seconds`` at the catalog's hourly price for ``nodes`` (an estimate where the catalog says so)."""
+    max_peak_memory_gib: float
+    """Peak allocated memory per GPU the rehearsal may reach (:func:`rehearsal_memory_limit_gib`)."""
+    require_falling_loss: bool
 
     def as_json(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "steps": self.steps,
                 "predicted_tokens_per_second_per_gpu": round(self.predicted_tokens_per_second_per_gpu, 1),
                 "min_tokens_per_second_per_gpu": self.min_tokens_per_second_per_gpu,
+                "max_peak_memory_gib": self.max_peak_memory_gib, "require_falling_loss": self.require_falling_loss,
                 "training_seconds": round(self.training_seconds), "usd": round(self.usd, 2)}
 
 
-def rehearsal_gate(plan: Plan, steps: int, min_throughput_share: float) -> RehearsalGate:
+def rehearsal_gate(plan: Plan, steps: int, min_throughput_share: float, *,
+                   require_falling_loss: bool = True) -> RehearsalGate:
     """The rehearsal of ``plan`` (:func:`rehearsal_nodes`) and its gate: ``min_throughput_share`` of the planner's
-    tokens/s per GPU for the rehearsal, rounded to 0.1 as the pipeline's condition holds it."""
+    tokens/s per GPU for the rehearsal, rounded to 0.1 as the pipeline's condition holds it; memory within the
+    budget; the loss falling where ``require_falling_loss``."""
     nodes, evaluation = rehearsal_nodes(plan.profile, plan.instance, plan.nodes, plan.knobs)
     predicted = evaluation.estimate.tokens_per_second_per_gpu
     seconds = steps * evaluation.estimate.step_seconds
     return RehearsalGate(nodes, steps, predicted, rehearsal_threshold(predicted, min_throughput_share), seconds,
-                         seconds / 3600 * nodes * plan.instance.usd_per_hour.value)
+                         seconds / 3600 * nodes * plan.instance.usd_per_hour.value,
+                         rehearsal_memory_limit_gib(plan.instance), require_falling_loss)
+
+
+def rehearsal_memory_limit_gib(instance: InstanceType) -> float:
+    """The peak allocated memory per GPU a rehearsal may reach, to 0.01 GiB: the planner's budget, which every plan's
+    prediction fits (a rehearsal above it ran closer to out-of-memory than the plan allows for)."""
+    return round(memory_budget_gib(instance), 2)
 
 
 def rehearsal_threshold(predicted_tokens_per_second_per_gpu: float, min_throughput_share: float) -> float:

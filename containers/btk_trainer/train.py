@@ -44,7 +44,7 @@ from torch.distributed.fsdp import FSDPModule
 from btk import hardware
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
-from btk.metrics import format_metric_line
+from btk.metrics import format_loss_drop_line, format_metric_line
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
@@ -772,7 +772,11 @@ class Trainer:
                   flush=True)
 
     def finish(self, result: RunResult) -> None:
-        """Export the trained model; gather the full weights when a test asks for them."""
+        """Say how far the loss fell; export the trained model; gather the full weights when a test asks for them."""
+        if self.is_logger and len(result.losses) >= 2:  # a rehearsal's gate reads it (loss finite and falling)
+            steps = sorted(result.losses)
+            print(format_loss_drop_line(first_loss=result.losses[steps[0]], last_loss=result.losses[steps[-1]]),
+                  flush=True)
         if self.config.model_dir is not None:
             export_model(self.model, self.spec, self.config.model_dir)
         if self.config.return_state:

@@ -11,6 +11,7 @@ from btk.metrics import (
     METRIC_DEFINITIONS,
     METRICS,
     TRAINING_METRICS,
+    format_loss_drop_line,
     format_metric_line,
     format_preflight_line,
     parse_metric_line,
@@ -61,6 +62,19 @@ def test_preflight_line_parses(busbw: float, rank_tag: bool) -> None:
     line = ("[rank0]:" if rank_tag else "") + format_preflight_line(allreduce_busbw_gbps=busbw)
     parsed = parse_metric_line(line)
     assert parsed is not None and parsed == {"allreduce_busbw_gbps": float(f"{busbw:.1f}")}
+
+
+@given(st.floats(-20, 20, allow_nan=False), st.floats(-20, 20, allow_nan=False), st.booleans())
+def test_loss_drop_line_parses_with_its_sign(first: float, last: float, rank_tag: bool) -> None:
+    """A loss that rose prints a negative drop: SageMaker's regex and our parser read the sign (the gate needs it)."""
+    line = ("[rank0]:" if rank_tag else "") + format_loss_drop_line(first_loss=first, last_loss=last)
+    printed = float(f"{first - last:.6f}")
+    assert parse_metric_line(line) == {"loss_drop": printed}
+    definition = next(d for d, m in zip(METRIC_DEFINITIONS, METRICS, strict=True) if m.key == "loss_drop")
+    match = re.search(definition["Regex"], line)
+    assert match is not None and float(match.group(1)) == printed
+    assert all(re.search(d["Regex"], line) is None for d, m in zip(METRIC_DEFINITIONS, METRICS, strict=True)
+               if m.key != "loss_drop")
 
 
 def test_regexes_ignore_other_log_lines() -> None:

@@ -188,7 +188,8 @@ def test_a_rehearsal_gates_the_long_run(suffix: str) -> None:
         RehearsalSpec,
     )
 
-    rehearsal = RehearsalSpec(nodes=1, steps=60, min_tokens_per_second_per_gpu=12345.6, max_runtime_seconds=5400)
+    rehearsal = RehearsalSpec(nodes=1, steps=60, min_tokens_per_second_per_gpu=12345.6, max_runtime_seconds=5400,
+                              max_peak_memory_gib=161.25)
     env = fc.STAGING.model_copy(update={"managed_spot": True, "instance_count": 2})
     steps = _steps_by_name(build_pipeline_definition(_spec(environment=env, rehearsal=rehearsal)))
     rehearse, gate = steps[STEP_REHEARSE + suffix], steps[STEP_REHEARSAL_GATE + suffix]
@@ -199,10 +200,18 @@ def test_a_rehearsal_gates_the_long_run(suffix: str) -> None:
     final = f"Steps.{STEP_REHEARSE}{suffix}.FinalMetricDataList"
     throughput = METRICS_BY_KEY["tokens_per_second_per_gpu"].sagemaker_name
     nonfinite = METRICS_BY_KEY["nonfinite_steps"].sagemaker_name
+    memory, loss_drop = (METRICS_BY_KEY[key].sagemaker_name for key in ("peak_memory_gib", "loss_drop"))
     assert gate["Arguments"]["Conditions"] == [
         {"LeftValue": {"Get": f"{final}['{throughput}'].Value"}, "RightValue": 12345.6, "Type": "GreaterThanOrEqualTo"},
         {"LeftValue": {"Get": f"{final}['{nonfinite}'].Value"}, "RightValue": 0.0, "Type": "Equals"},
+        {"LeftValue": {"Get": f"{final}['{memory}'].Value"}, "RightValue": 161.25, "Type": "LessThanOrEqualTo"},
+        {"LeftValue": {"Get": f"{final}['{loss_drop}'].Value"}, "RightValue": 0.0, "Type": "GreaterThan"},
     ]
+    # Every metric a condition reads is one the job's metric definitions capture from its log.
+    captured = {item["Name"] for item in rehearse["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]}
+    assert {throughput, nonfinite, memory, loss_drop} <= captured
+    failed = steps[STEP_REHEARSAL_FAILED + suffix]["Arguments"]["ErrorMessage"]
+    assert all(name in failed for name in (throughput, nonfinite, memory, loss_drop))
     job = rehearse["Arguments"]
     assert job["ResourceConfig"]["InstanceCount"] == 1 and "CheckpointConfig" not in job
     assert job["StoppingCondition"]["MaxRuntimeInSeconds"] == 5400 and not job.get("EnableManagedSpotTraining")
@@ -212,6 +221,18 @@ def test_a_rehearsal_gates_the_long_run(suffix: str) -> None:
     assert {key: value for key, value in job["HyperParameters"].items() if long_run["HyperParameters"][key] != value} \
         == {"job.max_steps": "60", "job.checkpoint_interval_steps": "1000000", "job.planned_data_parallel": ""}
     assert TAG_PURPOSE not in {tag["Key"] for tag in long_run["Tags"]} and "CheckpointConfig" in long_run
+
+
+def test_a_rehearsal_from_trained_weights_may_leave_the_loss_unchecked() -> None:
+    from btk.metrics import METRICS_BY_KEY
+    from training_constructs.pipeline_definition import STEP_REHEARSAL_GATE, RehearsalSpec
+
+    rehearsal = RehearsalSpec(nodes=1, steps=60, min_tokens_per_second_per_gpu=1.0, max_runtime_seconds=5400,
+                              max_peak_memory_gib=161.25, require_falling_loss=False)
+    steps = _steps_by_name(build_pipeline_definition(_spec(rehearsal=rehearsal)))
+    conditions = steps[STEP_REHEARSAL_GATE]["Arguments"]["Conditions"]
+    assert len(conditions) == 3
+    assert not any(METRICS_BY_KEY["loss_drop"].sagemaker_name in str(condition) for condition in conditions)
 
 
 def test_without_a_rehearsal_the_long_run_follows_the_plan_check_directly() -> None:

@@ -14,7 +14,15 @@ from btk.catalog import all_profiles, get_profile
 from btk.errors import InfeasiblePlanError
 from btk.hardware import INSTANCE_TYPES, Fact, InstanceType, get_instance_type
 from btk.knobs import TrainingKnobs
-from btk.planner.search import SPEED_RESOLUTION, Evaluation, choose_best, evaluate_knobs, plan_profile, rank
+from btk.planner.search import (
+    SPEED_RESOLUTION,
+    Evaluation,
+    choose_best,
+    evaluate_knobs,
+    memory_budget_gib,
+    plan_profile,
+    rank,
+)
 from btk.profile import KnobPins
 
 B200 = get_instance_type("ml.p6-b200.48xlarge")
@@ -274,6 +282,11 @@ def test_a_rehearsal_is_priced_and_gated_from_the_planners_figure_for_where_it_r
         assert gate.min_tokens_per_second_per_gpu == round(0.7 * gate.predicted_tokens_per_second_per_gpu, 1)
         assert gate.training_seconds == pytest.approx(40 * evaluation.estimate.step_seconds)
         assert gate.usd == pytest.approx(gate.training_seconds / 3600 * where * B200.usd_per_hour.value)
+        # The memory limit is the budget every plan is made to fit: the plan's own prediction is within it.
+        assert gate.max_peak_memory_gib == round(memory_budget_gib(B200), 2) >= evaluation.memory.total
+        assert gate.require_falling_loss and not rehearsal_gate(plan, 40, 0.7, require_falling_loss=False
+                                                                ).require_falling_loss
         text = render_plan(plan, rehearsal=gate)
         assert f"rehearsal first: 40 steps on {where} x {B200.name}" in text
+        assert f"peak memory within {gate.max_peak_memory_gib:,.1f} GiB/GPU and the loss falling" in text
         assert "rehearsal first" not in render_plan(plan)

@@ -48,7 +48,7 @@ def test_loss_falls(core: dict[str, Any]) -> None:
 def test_metric_lines_parse(core: dict[str, Any]) -> None:
     from btk.metrics import parse_metric_line
 
-    lines = [line for line in core["stdout"].splitlines() if line.startswith("btk_metric")][:25]  # the first run
+    lines = [line for line in core["stdout"].splitlines() if line.startswith("btk_metric step=")][:25]  # the first run
     parsed = [parse_metric_line(line) for line in lines]
     assert [p["step"] for p in parsed if p] == list(range(1, 26))
     assert all(p and p["tokens_per_second_per_gpu"] > 0 and p["mfu"] == 0.0 for p in parsed)

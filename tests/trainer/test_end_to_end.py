@@ -93,7 +93,7 @@ def test_sigterm_checkpoints_then_resume_exports(tmp_path: Path) -> None:
     output2, _ = second.communicate(timeout=240)
     assert second.returncode == 0, output2[-3000:]
     assert f"resumed from {saved[0][1]} (step {stopped_at})" in output2
-    steps = [line.split()[1] for line in output2.splitlines() if line.startswith("btk_metric")]
+    steps = [line.split()[1] for line in output2.splitlines() if line.startswith("btk_metric step=")]
     assert steps == [f"step={stopped_at + 1}", f"step={stopped_at + 2}"]
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 2
@@ -117,6 +117,6 @@ def test_an_out_of_memory_on_one_rank_restarts_the_node_on_the_next_rung(tmp_pat
     assert ("btk: out of memory before the first checkpoint on knob rung 0 of 1 (CUDA out of memory); restarting on "
             "rung 1: micro_batch_size=1 gradient_accumulation_steps=2") in output
     assert "btk: knob ladder rung 1 of 1 (the previous attempt: out of memory" in output
-    steps = [line.split()[1] for line in output.splitlines() if line.startswith("btk_metric")]
+    steps = [line.split()[1] for line in output.splitlines() if line.startswith("btk_metric step=")]
     assert steps == ["step=1", "step=2", "step=3"]
     assert (tmp_path / "model" / "model.safetensors").stat().st_size > 0

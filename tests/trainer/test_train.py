@@ -292,3 +292,19 @@ def test_a_run_on_packed_documents_says_how_they_share_the_windows(
     found = re.fullmatch(r"btk: packed windows hold (\d+\.\d\d) documents on average, (\d+)% of them more than one "
                          r"\((\d+) windows read; attention is causal over the whole window\)", lines[0])
     assert found is not None and float(found[1]) > 1.0 and found[2] == "100" and int(found[3]) > 0
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_finished_run_ends_with_how_far_its_loss_fell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last metric line is the loss of the first metric line minus the last's: what a rehearsal's gate reads."""
+    from btk.metrics import parse_metric_line
+
+    spec = tiny_spec(job={"max_steps": 8, "checkpoint_interval_steps": 100})
+    (tmp_path / "hyperparameters.json").write_text(json.dumps(to_hyperparameters(spec)))
+    assert main(["--hyperparameters", str(tmp_path / "hyperparameters.json")]) == 0
+    parsed = [values for line in capsys.readouterr().out.splitlines() if (values := parse_metric_line(line))]
+    losses = [values["loss"] for values in parsed if "loss" in values]
+    assert len(losses) == 8 and parsed[-1].keys() == {"loss_drop"}
+    assert parsed[-1]["loss_drop"] == pytest.approx(losses[0] - losses[-1], abs=2e-6)
+    assert parsed[-1]["loss_drop"] > 0  # a learning rate of 3e-3 on a tiny model: the loss falls in 8 steps
+    assert sum("loss_drop" in values for values in parsed) == 1
