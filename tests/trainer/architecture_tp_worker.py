@@ -2,13 +2,13 @@
 
     python tests/trainer/architecture_tp_worker.py WORKDIR
 
-For each toy architecture (Mistral NeMo's wide heads, Qwen3's per-head QK-norm, OLMo 2's whole-
-projection QK-norm and post-sublayer norms, Granite's multipliers, SmolLM3's block without RoPE) and
-each activation-checkpointing mode, both ranks build the model with TP=2 (one data-parallel rank,
-sequence parallelism, loss-parallel head) and run one forward/backward on the same batch; rank 0
-also runs the plain model on it. Both start from the same weights (``Decoder.init_weights`` fills
-every layout alike), so the loss and every gradient must agree up to the order of sums. Rank 0
-writes ``WORKDIR/result.json``.
+For each toy architecture (Mistral NeMo's wide heads, Qwen3's per-head QK-norm, OLMo 2's
+whole-projection QK-norm and post-sublayer norms, Granite's multipliers, SmolLM3's block without
+RoPE) and each activation-checkpointing mode, both ranks build the model with TP=2 (one
+data-parallel rank, sequence parallelism, loss-parallel head) and run one forward/backward on the
+same batch; rank 0 also runs the plain model on it. Both start from the same weights
+(``Decoder.init_weights`` fills every layout alike), so the loss and every gradient must agree up to
+the order of sums. Rank 0 writes ``WORKDIR/result.json``.
 """
 
 from __future__ import annotations
