@@ -42,6 +42,13 @@ def register(subparsers: Any) -> None:
     add_format_argument(parser, (TABLE, MARKDOWN, JSON))
     parser.add_argument("--plot", type=non_empty_path, metavar="DIR", help="also write PNG charts into DIR")
     parser.add_argument(
+        "--record-evidence", action="store_true",
+        help="also add every completed job's measured tokens/s to the evidence store, which btk plan corrects "
+        "its prediction with (rehearsals as rehearsals; a job recorded before is replaced)",
+    )
+    parser.add_argument("--evidence", type=non_empty_path, metavar="STORE",
+                        help="the store --record-evidence writes (default: $BTK_EVIDENCE, else btk-evidence.json here)")
+    parser.add_argument(
         "--json-schema", action="store_true", help="print the JSON schema of --format json and exit (no other option)"
     )
     parser.set_defaults(handler=_handle)
@@ -60,6 +67,8 @@ def _window_options(args: argparse.Namespace) -> dict[str, Any]:
         "--since": args.since,
         "--plot": args.plot,
         "--format": output_format,
+        "--record-evidence": args.record_evidence or None,
+        "--evidence": args.evidence,
     }
 
 
@@ -105,6 +114,9 @@ def run_report(
     since = parse_since(args.since or DEFAULT_SINCE, moment)
     if args.plot is not None:
         check_plot_directory(args.plot)
+    if args.evidence is not None and not args.record_evidence:
+        raise BtkError("--evidence names the store --record-evidence writes: add --record-evidence")
+    store = _evidence_store(args) if args.record_evidence else None
 
     reader = aws.SageMakerReader(client if client is not None else aws.make_client(environment.region), sleep=sleep)
     collection = collect(
@@ -132,4 +144,29 @@ def run_report(
         paths = write_plots(report, args.plot)
         err = stderr if stderr is not None else sys.stderr
         err.write("btk report: wrote " + ", ".join(str(path) for path in paths) + "\n")
+    if store is not None:
+        _record(collection, environment.region, since, None if args.profile is None else profiles, store,
+                stderr if stderr is not None else sys.stderr)
     return 0
+
+
+def _evidence_store(args: argparse.Namespace) -> Any:
+    """The store --record-evidence writes, read before any AWS call: a store that cannot be read stops the
+    command before it reports."""
+    from btk.evidence import evidence_path, read_evidence
+
+    store = evidence_path(args.evidence)
+    read_evidence(store)
+    return store
+
+
+def _record(collection: Any, region: str, since: datetime, profiles: list[str] | None, store: Any,
+            err: TextIO) -> None:
+    from btk.evidence import merged, read_evidence, write_evidence
+    from btk.report.record import measured_runs
+
+    recorded = measured_runs(collection, region=region, since=since, profiles=profiles)
+    evidence, added, replaced = merged(read_evidence(store), recorded.runs)
+    write_evidence(store, evidence)
+    err.write(f"btk report: {recorded.summary()}; {store}: {added} run(s) added, {replaced} replaced, "
+              f"{len(evidence.runs)} in all\n")

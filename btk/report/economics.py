@@ -161,6 +161,11 @@ class _Run:
     plan_arn: str | None
 
 
+def unquoted_hyperparameters(job: dict[str, Any]) -> dict[str, str]:
+    """A job's hyperparameters with the JSON quoting some SDKs add removed."""
+    return {key: _unquote(str(value)) for key, value in job.get("HyperParameters", {}).items()}
+
+
 def _unquote(value: str) -> str:
     """Undo the JSON quoting some SDKs apply to string hyperparameters (``'"bf16"'``)."""
     if len(value) >= 2 and value[0] == value[-1] == '"':
@@ -200,15 +205,17 @@ def _resources(job: dict[str, Any]) -> list[tuple[str, int]]:
     return [(config.get("InstanceType", "unknown"), int(config.get("InstanceCount", 0)))]
 
 
-def _profile_of(job: dict[str, Any], origin: JobOrigin, hyperparameters: dict[str, str]) -> str:
+def job_profile(job: dict[str, Any], origin: JobOrigin, hyperparameters: dict[str, str]) -> str:
     return (
         origin.tags.get(TAG_PROFILE) or hyperparameters.get("job.profile") or origin.pipeline_profile or UNKNOWN_PROFILE
     )
 
 
-def _parse_knobs(
+def parse_job_knobs(
     hyperparameters: dict[str, str], notes: list[str]
 ) -> tuple[TrainingKnobs | None, ModelArchitecture | None]:
+    """The knobs and architecture a job's hyperparameters hold (the knobs alone from an older job; a note, and
+    None, where there are none)."""
     try:
         spec = from_hyperparameters(hyperparameters)
         return spec.knobs, spec.architecture
@@ -221,7 +228,7 @@ def _parse_knobs(
         return None, None
 
 
-def _final_metrics(job: dict[str, Any]) -> dict[str, float]:
+def final_metrics(job: dict[str, Any]) -> dict[str, float]:
     """The job's final metrics by name (a metric's name and value are optional in the API's shape)."""
     return {
         item["MetricName"]: float(item["Value"])
@@ -333,8 +340,8 @@ def _prediction_of(
     notes: list[str],
 ) -> _Prediction:
     """The final metrics the run reported and the planner's prediction for the knobs it used."""
-    knobs, architecture = _parse_knobs(hyperparameters, notes)
-    metrics = _final_metrics(job)
+    knobs, architecture = parse_job_knobs(hyperparameters, notes)
+    metrics = final_metrics(job)
     achieved = _Prediction(
         knobs=knobs,
         achieved_tps=metrics.get(TOKENS_METRIC),
@@ -366,10 +373,10 @@ def _rounded(value: float | None, digits: int) -> float | None:
 def _run(job: dict[str, Any], origin: JobOrigin, now: datetime, plans: dict[str, _Plan], predictor: Predictor) -> _Run:
     """One job's figures: its outcome, cost, prediction and capacity wait, in that order of notes."""
     notes: list[str] = []
-    hyperparameters = {key: _unquote(str(value)) for key, value in job.get("HyperParameters", {}).items()}
+    hyperparameters = unquoted_hyperparameters(job)
     outcome = _outcome_of(job)
     cost = _cost_of(job, outcome, plans, notes)
-    profile = _profile_of(job, origin, hyperparameters)
+    profile = job_profile(job, origin, hyperparameters)
     prediction = _prediction_of(job, outcome, profile, hyperparameters, predictor, notes)
     wait = capacity_wait_seconds(job, now)
     failed = outcome.outcome == "failed"
