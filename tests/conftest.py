@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from btk.evidence import EVIDENCE_ENV
 from training_constructs.definition_cache import CACHE_ENV
 
 # Hermetic runs: every synth, in-process or through the CDK CLI, builds its pipeline
 # definitions with the SDK and writes nothing under the user's cache. The cache's own tests
 # turn it on in a temporary directory.
 os.environ[CACHE_ENV] = "off"
+# The team's evidence store (btk-evidence.json beside the project, where `btk report --record-evidence` writes)
+# is the user's data: no test reads it. A test that wants a store names one (--evidence, or this variable).
+os.environ[EVIDENCE_ENV] = str(Path(tempfile.gettempdir()) / f"btk-tests-{os.getpid()}-no-store" / "evidence.json")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

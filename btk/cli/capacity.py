@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from btk.cli.arguments import non_empty
+from btk.cli.arguments import non_empty, non_empty_path
 from btk.cli.output import JSON, add_format_argument, print_json
 from btk.errors import BtkError
 from btk.table import Column, Table
@@ -44,6 +45,11 @@ def register(subparsers: Any) -> None:
     search.add_argument("--end-before", type=non_empty, help="ISO-8601 time; default: the reserve window's, else none")
     search.add_argument("--duration-hours", type=int, help=f"whole days in hours; default {DEFAULT_DURATION_HOURS}")
     search.add_argument("--instance-count", type=int, help="instances; default: the reserve count, else the env's")
+    search.add_argument("--evidence", type=non_empty_path, metavar="STORE",
+                        help="the team's measured runs (default: $BTK_EVIDENCE, else btk-evidence.json here)")
+    search.add_argument("--require-rehearsal", action="store_true",
+                        help="refuse (exit 2, before any AWS call) when the store holds no rehearsal of the profile's "
+                        "model on the environment's instance type")
     add_format_argument(search)
     search.set_defaults(handler=_search)
 
@@ -65,6 +71,9 @@ def _search(args: argparse.Namespace) -> int:
     env = _environment(args.env)
     request = _search_request(env, args)
     profile, tokens_per_second_per_gpu, gpus = _throughput(env, args.profile, request.instance_count)
+    rehearsals, rehearsed_line = _rehearsals(env, profile, args.evidence)
+    if args.require_rehearsal and not rehearsals:
+        raise BtkError(f"--require-rehearsal: {profile}: {rehearsed_line}")
     try:
         client = sagemaker_client(env.region)
         offerings = capacity.rank_offerings(capacity.search_offerings(client, request), env.availability_zone)
@@ -85,6 +94,7 @@ def _search(args: argparse.Namespace) -> int:
                 "availability_zone": env.availability_zone,
                 "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
                 "gpus": gpus,
+                "rehearsals_on_record": list(rehearsals),
                 "offerings": rows,
             },
             sort_keys=True,
@@ -95,6 +105,7 @@ def _search(args: argparse.Namespace) -> int:
     )
     print(f"{env.name}: training-plan offerings for {window} (AZ {env.availability_zone})")
     print(f"{profile}: {tokens_per_second_per_gpu:,.0f} tokens/s/GPU x {gpus} GPUs (planner)")
+    print(rehearsed_line)
     if not rows:
         print("no offerings: widen the window (--start-after/--end-before) or change --duration-hours")
         return 0
@@ -170,6 +181,18 @@ def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[
     instance = get_instance_type(env.instance_type)
     plan = plan_profile(profile, instance, nodes)
     return profile.name, float(plan.evaluation.estimate.tokens_per_second_per_gpu), nodes * instance.gpus_per_node
+
+
+def _rehearsals(env: EnvironmentConfig, profile_name: str, store_option: Path | None) -> tuple[tuple[str, ...], str]:
+    """The rehearsals of the profile's model on the environment's instance type in the evidence store, and the line
+    that says so."""
+    from btk.catalog import get_profile
+    from btk.evidence import evidence_path, read_evidence
+    from btk.planner.evidence import rehearsal_record_line, rehearsals_on_record
+
+    store = evidence_path(store_option)
+    rehearsals = rehearsals_on_record(read_evidence(store), get_profile(profile_name).architecture, env.instance_type)
+    return rehearsals, rehearsal_record_line(rehearsals, env.instance_type, store)
 
 
 def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:

@@ -159,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from btk.evidence import evidence_path, read_evidence
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
     from btk.planner.cost import reserved_plan_hours
-    from btk.planner.evidence import correct_plan
+    from btk.planner.evidence import correct_plan, rehearsal_record_line, rehearsals_on_record
     from btk.planner.plot import check_plot_path, plot_plans
     from btk.planner.search import plan_profile, rehearsal_gate
 
@@ -184,14 +184,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share,
                                  require_falling_loss=env.rehearsal.require_falling_loss)
                   if args.env is not None and env.rehearses else None for plan in plans]
-    evidence = read_evidence(evidence_path(args.evidence))
+    store = evidence_path(args.evidence)
+    evidence = read_evidence(store)
     corrections = [correct_plan(plan, evidence) for plan in plans]
+    # Where the environment buys its capacity at deploy: was each model rehearsed on the instance type before?
+    buys = args.env is not None and env.capacity.mode == "reserve"
+    on_record = [rehearsals_on_record(evidence, plan.profile.architecture, instance.name) if buys else None
+                 for plan in plans]
     written = plot_plans(plans, plot) if plot is not None else []
     if args.output_format == JSON:
         documents = [plan.to_json(plan_hours) for plan in plans]
-        for document, plan, rehearsal, correction in zip(documents, plans, rehearsals, corrections, strict=True):
+        for document, plan, rehearsal, correction, record in zip(documents, plans, rehearsals, corrections,
+                                                                  on_record, strict=True):
             if args.env is not None:
                 document["rehearsal"] = rehearsal.as_json() if rehearsal is not None else None
+                document["rehearsals_on_record"] = list(record) if record is not None else None
             predicted = plan.evaluation.estimate.tokens_per_second_per_gpu
             document["evidence"] = correction.as_json(predicted) if correction is not None else None
         print_json(documents[0] if args.profile else documents)
@@ -201,8 +208,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.env:
         print(f"environment {args.env}: {len(plans)} profile(s) on {nodes} x {instance.name}\n")
-    print("\n\n".join(render_plan(plan, plan_hours, rehearsal, correction) for plan, rehearsal, correction
-                       in zip(plans, rehearsals, corrections, strict=True)))
+    rendered = [render_plan(plan, plan_hours, rehearsal, correction)
+                + ("" if record is None else "\n" + rehearsal_record_line(record, instance.name, store))
+                for plan, rehearsal, correction, record in zip(plans, rehearsals, corrections, on_record, strict=True)]
+    print("\n\n".join(rendered))
     _say_written(written, sys.stdout)
     return 0
 

@@ -97,6 +97,22 @@ def matching_runs(evidence: Evidence, architecture: ModelArchitecture, instance_
     return [run for run in evidence.runs if run.instance_type == instance_type and run.architecture == architecture]
 
 
+def rehearsals_on_record(evidence: Evidence, architecture: ModelArchitecture, instance_type: str) -> tuple[str, ...]:
+    """The ids of the evidence's rehearsals of this architecture on this instance type."""
+    return tuple(run.id for run in matching_runs(evidence, architecture, instance_type) if run.kind == "rehearsal")
+
+
+def rehearsal_record_line(rehearsals: Sequence[str], instance_type: str, store: object) -> str:
+    """Whether the model was rehearsed on the instance type before (what to do before buying capacity if not)."""
+    if rehearsals:
+        shown = ", ".join(rehearsals[:3]) + (", ..." if len(rehearsals) > 3 else "")
+        return (f"rehearsed: {len(rehearsals)} rehearsal(s) of this model on {instance_type} on record in {store} "
+                f"({shown})")
+    return (f"not rehearsed: no rehearsal of this model on {instance_type} on record in {store}; before buying "
+            "capacity, rehearse on demand (an environment with rehearsal=RehearsalConfig(enabled=True)) and record "
+            "it (btk report --record-evidence)")
+
+
 def correct_plan(plan: Plan, evidence: Evidence) -> EvidenceCorrection | None:
     """``plan``'s prediction corrected by the evidence's runs of its architecture on its instance type."""
     from btk.planner.throughput import estimate_throughput

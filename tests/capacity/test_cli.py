@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import fixture_catalog
@@ -148,12 +149,48 @@ def test_search_table_lists_fee_currency_window_az_count_and_fee_per_billion(
         "burst: training-plan offerings for 2 x ml.p6-b200.48xlarge, 168 h after 2026-04-01T00:00:00+00:00 "
         "(AZ us-east-1a)"
     )
-    header = lines[2].split()
+    assert lines[2].startswith("not rehearsed: no rehearsal of this model on ml.p6-b200.48xlarge on record in ")
+    header = lines[3].split()
     assert header[:3] == ["offering", "upfront", "fee"] and header[-2:] == ["fee/B", "tok"]
-    row_a = lines[3].split()
+    row_a = lines[4].split()
     assert row_a[:6] == ["tpo-a", "120,000.00", "USD", "2026-03-02T00:00:00Z", "2026-03-09T00:00:00Z", "us-east-1a"]
     assert row_a[6:8] == ["2", "168"]
-    assert "us-east-1c (other AZ)" in lines[4]
+    assert "us-east-1c (other AZ)" in lines[5]
+
+
+def _store(tmp_path: Path, *kinds: str, instance_type: str = "ml.p6-b200.48xlarge") -> Path:
+    """An evidence store with one run of llama3.1-8b's model per kind given."""
+    profile = catalog.get_profile("llama3.1-8b")
+    knobs = plan_profile(profile, get_instance_type(instance_type), 1).knobs
+    runs = [{"id": f"job-{index}", "kind": kind, "profile": profile.name,
+             "architecture": profile.architecture.model_dump(mode="json"), "instance_type": instance_type,
+             "nodes": 1, "knobs": knobs.model_dump(mode="json"), "tokens_per_second_per_gpu": 10000.0}
+            for index, kind in enumerate(kinds)]
+    store = tmp_path / "evidence.json"
+    store.write_text(json.dumps({"version": 1, "runs": runs}))
+    return store
+
+
+def test_search_requiring_a_rehearsal_refuses_before_any_call(
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A long run's measured speed is not a rehearsal, nor is a rehearsal on another instance type."""
+    store = _store(tmp_path, "run", "rehearsal", instance_type="ml.p5.48xlarge")
+    code, out, err = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
+                         "--evidence", str(store), "--require-rehearsal")
+    assert (code, out) == (2, "") and stubbed_sagemaker.calls == []
+    assert err.count("\n") == 1 and f"--require-rehearsal: llama3.1-8b: not rehearsed: no rehearsal of this model " \
+        f"on ml.p6-b200.48xlarge on record in {store}" in err
+
+
+def test_search_says_which_rehearsals_are_on_record(
+    stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store = _store(tmp_path, "rehearsal", "run", "rehearsal")
+    stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
+    code, out, _ = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
+                       "--evidence", str(store), "--require-rehearsal", "--format", "json")
+    assert code == 0 and json.loads(out)["rehearsals_on_record"] == ["job-0", "job-2"]
 
 
 def test_search_with_no_offerings_says_how_to_widen(
