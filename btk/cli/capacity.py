@@ -48,8 +48,8 @@ def register(subparsers: Any) -> None:
     search.add_argument("--evidence", type=non_empty_path, metavar="STORE",
                         help="the team's measured runs (default: $BTK_EVIDENCE, else btk-evidence.json here)")
     search.add_argument("--require-rehearsal", action="store_true",
-                        help="refuse (exit 2, before any AWS call) when the store holds no rehearsal of the profile's "
-                        "model on the environment's instance type")
+                        help="refuse (exit 2, before any AWS call) when the store holds no measured run of the "
+                        "profile's model on the environment's instance type")
     add_format_argument(search)
     search.set_defaults(handler=_search)
 
@@ -71,8 +71,8 @@ def _search(args: argparse.Namespace) -> int:
     env = _environment(args.env)
     request = _search_request(env, args)
     profile, tokens_per_second_per_gpu, gpus = _throughput(env, args.profile, request.instance_count)
-    rehearsals, rehearsed_line = _rehearsals(env, profile, args.evidence)
-    if args.require_rehearsal and not rehearsals:
+    tested, rehearsed_line = _runs_on_record(env, profile, args.evidence)
+    if args.require_rehearsal and not tested:
         raise BtkError(f"--require-rehearsal: {profile}: {rehearsed_line}")
     try:
         client = sagemaker_client(env.region)
@@ -94,7 +94,7 @@ def _search(args: argparse.Namespace) -> int:
                 "availability_zone": env.availability_zone,
                 "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
                 "gpus": gpus,
-                "rehearsals_on_record": list(rehearsals),
+                "runs_on_record": list(tested),
                 "offerings": rows,
             },
             sort_keys=True,
@@ -183,16 +183,17 @@ def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[
     return profile.name, float(plan.evaluation.estimate.tokens_per_second_per_gpu), nodes * instance.gpus_per_node
 
 
-def _rehearsals(env: EnvironmentConfig, profile_name: str, store_option: Path | None) -> tuple[tuple[str, ...], str]:
-    """The rehearsals of the profile's model on the environment's instance type in the evidence store, and the line
-    that says so."""
+def _runs_on_record(env: EnvironmentConfig, profile_name: str, store_option: Path | None,
+                    ) -> tuple[tuple[str, ...], str]:
+    """The measured runs of the profile's model on the environment's instance type in the evidence store, and the
+    line that says so."""
     from btk.catalog import get_profile
     from btk.evidence import evidence_path, read_evidence
-    from btk.planner.evidence import rehearsal_record_line, rehearsals_on_record
+    from btk.planner.evidence import rehearsal_record_line, runs_on_record
 
     store = evidence_path(store_option)
-    rehearsals = rehearsals_on_record(read_evidence(store), get_profile(profile_name).architecture, env.instance_type)
-    return rehearsals, rehearsal_record_line(rehearsals, env.instance_type, store)
+    runs = runs_on_record(read_evidence(store), get_profile(profile_name).architecture, env.instance_type)
+    return runs, rehearsal_record_line(runs, env.instance_type, store)
 
 
 def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:

@@ -159,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from btk.evidence import evidence_path, read_evidence
     from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
     from btk.planner.cost import reserved_plan_hours
-    from btk.planner.evidence import correct_plan, rehearsal_record_line, rehearsals_on_record
+    from btk.planner.evidence import correct_plan, rehearsal_record_line, runs_on_record
     from btk.planner.plot import check_plot_path, plot_plans
     from btk.planner.search import plan_profile, rehearsal_gate
 
@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     corrections = [correct_plan(plan, evidence) for plan in plans]
     # Where the environment buys its capacity at deploy: was each model rehearsed on the instance type before?
     buys = args.env is not None and env.capacity.mode == "reserve"
-    on_record = [rehearsals_on_record(evidence, plan.profile.architecture, instance.name) if buys else None
+    on_record = [runs_on_record(evidence, plan.profile.architecture, instance.name) if buys else None
                  for plan in plans]
     written = plot_plans(plans, plot) if plot is not None else []
     if args.output_format == JSON:
@@ -198,7 +198,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                                   on_record, strict=True):
             if args.env is not None:
                 document["rehearsal"] = rehearsal.as_json() if rehearsal is not None else None
-                document["rehearsals_on_record"] = list(record) if record is not None else None
+                document["runs_on_record"] = list(record) if record is not None else None
             predicted = plan.evaluation.estimate.tokens_per_second_per_gpu
             document["evidence"] = correction.as_json(predicted) if correction is not None else None
         print_json(documents[0] if args.profile else documents)

@@ -97,20 +97,20 @@ def matching_runs(evidence: Evidence, architecture: ModelArchitecture, instance_
     return [run for run in evidence.runs if run.instance_type == instance_type and run.architecture == architecture]
 
 
-def rehearsals_on_record(evidence: Evidence, architecture: ModelArchitecture, instance_type: str) -> tuple[str, ...]:
-    """The ids of the evidence's rehearsals of this architecture on this instance type."""
-    return tuple(run.id for run in matching_runs(evidence, architecture, instance_type) if run.kind == "rehearsal")
+def runs_on_record(evidence: Evidence, architecture: ModelArchitecture, instance_type: str) -> tuple[str, ...]:
+    """The ids of the evidence's runs of this architecture on this instance type: rehearsals, and runs that
+    completed (a short on-demand run is a rehearsal by another name; ``btk report`` records completed jobs only)."""
+    return tuple(run.id for run in matching_runs(evidence, architecture, instance_type))
 
 
-def rehearsal_record_line(rehearsals: Sequence[str], instance_type: str, store: object) -> str:
-    """Whether the model was rehearsed on the instance type before (what to do before buying capacity if not)."""
-    if rehearsals:
-        shown = ", ".join(rehearsals[:3]) + (", ..." if len(rehearsals) > 3 else "")
-        return (f"rehearsed: {len(rehearsals)} rehearsal(s) of this model on {instance_type} on record in {store} "
-                f"({shown})")
-    return (f"not rehearsed: no rehearsal of this model on {instance_type} on record in {store}; before buying "
-            "capacity, rehearse on demand (an environment with rehearsal=RehearsalConfig(enabled=True)) and record "
-            "it (btk report --record-evidence)")
+def rehearsal_record_line(runs: Sequence[str], instance_type: str, store: object) -> str:
+    """Whether the model ran on the instance type before (what to do before buying capacity if not)."""
+    if runs:
+        shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+        return f"rehearsed: {len(runs)} measured run(s) of this model on {instance_type} on record in {store} ({shown})"
+    return (f"not rehearsed: no run of this model on {instance_type} on record in {store}; before buying capacity, "
+            "rehearse on demand (a short pipeline run, or an environment with rehearsal=RehearsalConfig(enabled=True))"
+            " and record it (btk report --record-evidence)")
 
 
 def correct_plan(plan: Plan, evidence: Evidence) -> EvidenceCorrection | None:

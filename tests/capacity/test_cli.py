@@ -149,7 +149,7 @@ def test_search_table_lists_fee_currency_window_az_count_and_fee_per_billion(
         "burst: training-plan offerings for 2 x ml.p6-b200.48xlarge, 168 h after 2026-04-01T00:00:00+00:00 "
         "(AZ us-east-1a)"
     )
-    assert lines[2].startswith("not rehearsed: no rehearsal of this model on ml.p6-b200.48xlarge on record in ")
+    assert lines[2].startswith("not rehearsed: no run of this model on ml.p6-b200.48xlarge on record in ")
     header = lines[3].split()
     assert header[:3] == ["offering", "upfront", "fee"] and header[-2:] == ["fee/B", "tok"]
     row_a = lines[4].split()
@@ -174,23 +174,23 @@ def _store(tmp_path: Path, *kinds: str, instance_type: str = "ml.p6-b200.48xlarg
 def test_search_requiring_a_rehearsal_refuses_before_any_call(
     stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A long run's measured speed is not a rehearsal, nor is a rehearsal on another instance type."""
+    """A rehearsal or a run on another instance type says nothing about this one."""
     store = _store(tmp_path, "run", "rehearsal", instance_type="ml.p5.48xlarge")
     code, out, err = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
                          "--evidence", str(store), "--require-rehearsal")
     assert (code, out) == (2, "") and stubbed_sagemaker.calls == []
-    assert err.count("\n") == 1 and f"--require-rehearsal: llama3.1-8b: not rehearsed: no rehearsal of this model " \
+    assert err.count("\n") == 1 and f"--require-rehearsal: llama3.1-8b: not rehearsed: no run of this model " \
         f"on ml.p6-b200.48xlarge on record in {store}" in err
 
 
-def test_search_says_which_rehearsals_are_on_record(
+def test_search_says_which_runs_are_on_record(
     stubbed_sagemaker: StubbedSageMaker, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    store = _store(tmp_path, "rehearsal", "run", "rehearsal")
+    store = _store(tmp_path, "rehearsal", "run")
     stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
     code, out, _ = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
                        "--evidence", str(store), "--require-rehearsal", "--format", "json")
-    assert code == 0 and json.loads(out)["rehearsals_on_record"] == ["job-0", "job-2"]
+    assert code == 0 and json.loads(out)["runs_on_record"] == ["job-0", "job-1"]
 
 
 def test_search_with_no_offerings_says_how_to_widen(

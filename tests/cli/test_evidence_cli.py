@@ -124,8 +124,8 @@ def test_a_store_below_a_file_is_one_line_not_an_empty_store(capsys: pytest.Capt
 def test_a_plan_that_buys_capacity_says_whether_its_model_was_rehearsed(capsys: pytest.CaptureFixture[str],
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
-    """An environment that buys its training plan at deploy: each plan says whether a rehearsal of its model on the
-    instance type is on record (a long run's measurement is not one); elsewhere nothing is said."""
+    """An environment that buys its training plan at deploy: each plan says whether a measured run of its model on
+    the instance type is on record (a rehearsal, or a completed run); elsewhere nothing is said."""
     from datetime import UTC, datetime
 
     from btk.environment import ReservePlanCapacity
@@ -137,14 +137,16 @@ def test_a_plan_that_buys_capacity_says_whether_its_model_was_rehearsed(capsys: 
     fixture_catalog.install(monkeypatch, reserve)
     runs = _runs(15000.0)
     runs["runs"].append({**runs["runs"][0], "id": "btk-prod-llama3.2-3b-run", "kind": "run", "profile": "llama3.2-3b",
-                         "architecture": PROFILES["llama3.2-3b"].architecture.model_dump(mode="json")})
+                         "architecture": PROFILES["llama3.2-3b"].architecture.model_dump(mode="json"),
+                         "instance_type": "ml.p5.48xlarge"})  # another instance type: not this one's
     store = _write(tmp_path / "evidence.json", runs)
     code, out, _ = run(capsys, "plan", "--env", "buying", "--evidence", str(store), "--format", "json")
     assert code == 0
-    assert [plan["rehearsals_on_record"] for plan in json.loads(out)] == [["btk-prod-llama3.1-8b-reh-0"], []]
+    assert [plan["runs_on_record"] for plan in json.loads(out)] == [["btk-prod-llama3.1-8b-reh-0"], []]
     code, out, _ = run(capsys, "plan", "--env", "buying", "--evidence", str(store))
-    assert f"rehearsed: 1 rehearsal(s) of this model on {B200} on record in {store} (btk-prod-llama3.1-8b-reh-0)" in out
-    assert f"not rehearsed: no rehearsal of this model on {B200} on record in {store}; before buying capacity" in out
+    assert f"rehearsed: 1 measured run(s) of this model on {B200} on record in {store} (btk-prod-llama3.1-8b-reh-0)" \
+        in out
+    assert f"not rehearsed: no run of this model on {B200} on record in {store}; before buying capacity" in out
     code, out, _ = run(capsys, "plan", "--env", fixture_catalog.STAGING.name, "--evidence", str(store),
                        "--format", "json")
-    assert all(plan["rehearsals_on_record"] is None for plan in json.loads(out))
+    assert all(plan["runs_on_record"] is None for plan in json.loads(out))
