@@ -20,7 +20,7 @@ from btk.cli.streams import closed, tolerate_unencodable
 from btk.errors import BtkError, printable
 
 COMMAND_MODULES = ("btk.cli.planning", "btk.cli.profile", "btk.cli.capacity", "btk.cli.report", "btk.cli.doctor",
-                   "btk.cli.bootstrap", "btk.cli.evidence")
+                   "btk.cli.bootstrap", "btk.cli.evidence", "btk.cli.rehearse")
 EXIT_USAGE = 2
 
 

@@ -37,8 +37,9 @@ def subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
 
 COMMANDS = sorted(leaf_commands(build_parser()))
 #: Commands that run something rather than print a result (``btk bootstrap`` runs the CDK CLI; ``btk evidence
-#: import`` and ``export`` write the team's evidence file and say how many runs they wrote).
-ACTIONS = [("bootstrap",), ("evidence", "export"), ("evidence", "import")]
+#: import`` and ``export`` write the team's evidence file and say how many runs they wrote; ``btk rehearse`` starts
+#: a pipeline execution and says how it went).
+ACTIONS = [("bootstrap",), ("evidence", "export"), ("evidence", "import"), ("rehearse",)]
 
 
 def test_every_command_is_covered() -> None:
@@ -55,6 +56,7 @@ def test_every_command_is_covered() -> None:
         ("plan",),
         ("profile", "import"),
         ("profiles",),
+        ("rehearse",),
         ("report",),
     ]
 

@@ -78,6 +78,12 @@ class EmptySageMaker:
         error = {"Error": {"Code": "ResourceNotFound", "Message": "no such plan"}}
         raise ClientError(error, "DescribeTrainingPlan")
 
+    def start_pipeline_execution(self, **parameters: Any) -> dict[str, Any]:
+        """Starting answers an execution (of a pipeline that then has nothing to show)."""
+        self.calls.append("start_pipeline_execution")
+        name = parameters.get("PipelineName", "none")
+        return {"PipelineExecutionArn": f"arn:aws:sagemaker:us-east-1:123456789012:pipeline/{name}/execution/empty"}
+
     def __getattr__(self, operation: str) -> Any:
         if operation.startswith("_"):
             raise AttributeError(operation)
@@ -95,6 +101,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> EmptySageMaker:
     monkeypatch.setattr(catalog, "all_profiles", lambda: {PROFILE.name: PROFILE})
     monkeypatch.setattr(catalog, "all_environments", lambda: dict(ENVIRONMENTS))
     monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: client)
+    monkeypatch.setattr("btk.cli.rehearse.sagemaker_client", lambda region: client)
     monkeypatch.setattr(capacity, "plan_instance_types", SOLD_AS_PLANS)
     monkeypatch.setattr(aws, "make_client", lambda region: client)
     return client

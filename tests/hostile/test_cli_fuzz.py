@@ -19,7 +19,8 @@ to parse as a date) may go either way, but still only as above.
 a valid answer there.
 
 Generated cases per run: top level 60, profiles 60, plan 260, estimate 200, compare 140,
-capacity search 200, capacity show 60, report 200, profile import 120, doctor 60: 1,360 in all.
+capacity search 200, capacity show 60, report 200, profile import 120, doctor 60, evidence 120, rehearse 40,
+bootstrap 60: 1,580 in all.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 from cli_fixtures import (
     ENVIRONMENTS,
+    ON_DEMAND_ENV,
     PROFILE,
     EmptySageMaker,
     assert_one_line_error,
@@ -600,6 +602,18 @@ def evidence_command_lines(paths: dict[str, str]) -> st.SearchStrategy[tuple[lis
     listed = command_line(store, TABLE_OR_JSON).map(lambda args: (["evidence", "list"], args))
     exported = command_line(store, head=(target,)).map(lambda args: (["evidence", "export"], args))
     return st.one_of(imported, listed, exported)
+
+
+#: Rehearsing on demand: the reserve environment rehearses every execution itself (refused in one line).
+REHEARSE_ENV_OPTION = Opt("--env", (ON_DEMAND_ENV.name,), lambda value: value == ON_DEMAND_ENV.name, required=True,
+                          bad=tuple(name for name in ENV_NAMES if name != ON_DEMAND_ENV.name))
+
+
+@fuzz(40)
+@given(args=command_line(REHEARSE_ENV_OPTION, head=(PROFILE_ARGUMENT,)))
+def test_rehearse(capsys: pytest.CaptureFixture[str], sagemaker: EmptySageMaker, args: list[Arg]) -> None:
+    """Started without waiting (the stand-in has no execution to wait for): valid input starts one, exit 0."""
+    check(capsys, sagemaker, ["rehearse", "--no-wait"], args)
 
 
 @fuzz(120)

@@ -137,7 +137,7 @@ def compiled_block_bytes(arch: ModelArchitecture, seq_len: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler")
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if layout != "smollm3"])  # its block 0 is Llama's
 def test_compiled_block_saves_what_the_planner_counts(layout: str) -> None:
     """Inductor keeps each norm's input and inverse RMS, q/k/v and attention's output, gate, up and their product
     (it recomputes the norms' fp32 copies and silu): far less than an eager block, and what the planner counts."""

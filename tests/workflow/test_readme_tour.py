@@ -98,11 +98,22 @@ def test_step_3_deploys_the_stack_the_app_builds(synths: dict[str, Synth]) -> No
     assert synths[env].stack.node.id == argv[3]
 
 
-@pytest.mark.parametrize("step", [3, 4])
-def test_steps_4_and_5_start_a_pipeline_of_the_template_with_its_parameters(
-    step: int, synths: dict[str, Synth]
-) -> None:
-    argv = tour()[step][1]
+def test_step_4_rehearses_a_pipeline_of_the_template_with_its_parameters(synths: dict[str, Synth]) -> None:
+    """``btk rehearse`` starts the profile's pipeline (one the template holds) with parameters it declares."""
+    from btk.cli import build_parser
+    from btk.rehearse import rehearsal_run
+
+    argv = tour()[3][1]
+    assert argv[0] == ".venv/bin/btk"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "rehearse"
+    run = rehearsal_run(get_environment(args.env), args.profile)
+    declared = {parameter["Name"] for parameter in _definition(synths, run.pipeline)["Parameters"]}
+    assert {item["Name"] for item in run.parameters} <= declared, (declared, run.parameters)
+
+
+def test_step_5_starts_a_pipeline_of_the_template_with_its_parameters(synths: dict[str, Synth]) -> None:
+    argv = tour()[4][1]
     assert argv[:3] == ["aws", "sagemaker", "start-pipeline-execution"]
     declared = {parameter["Name"] for parameter in _definition(synths, _option(argv, "--pipeline-name"))["Parameters"]}
     assert set(_pipeline_parameters(argv)) <= declared, (declared, argv)
