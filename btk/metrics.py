@@ -60,8 +60,11 @@ METRICS: tuple[Metric, ...] = (
     # Printed once per run that reaches its last step, on a line of its own (format_loss_drop_line): the loss of
     # the run's first metric line minus its last's; above 0 when the loss fell. A rehearsal's gate reads it.
     Metric("loss_drop", "train:loss_drop", "{:.6f}", "none"),
+    # Printed once at the start of a job that stepped down its knob ladder (format_knob_rung_line): the rung it
+    # trains on, 1 for the ladder's first; absent on the plan's own knobs (rung 0).
+    Metric("knob_rung", "train:knob_rung", "{:d}", "count"),
 )
-OWN_LINE_METRICS = ("allreduce_busbw_gbps", "loss_drop")
+OWN_LINE_METRICS = ("allreduce_busbw_gbps", "loss_drop", "knob_rung")
 """Metrics printed once, each on a line of its own, not on the per-step training line."""
 #: The metrics of the per-step training line (format_metric_line); the rest have lines of their own.
 TRAINING_METRICS: tuple[Metric, ...] = tuple(metric for metric in METRICS if metric.key not in OWN_LINE_METRICS)
@@ -104,6 +107,11 @@ def _own_line(key: str, value: float) -> str:
 def format_preflight_line(*, allreduce_busbw_gbps: float) -> str:
     """Format the network pre-flight's metric line (printed once per job, before training)."""
     return _own_line("allreduce_busbw_gbps", allreduce_busbw_gbps)
+
+
+def format_knob_rung_line(*, rung: int) -> str:
+    """Format the line of a job that trains on rung ``rung`` of its knob ladder."""
+    return _own_line("knob_rung", rung)
 
 
 def format_loss_drop_line(*, first_loss: float, last_loss: float) -> str:

@@ -121,6 +121,12 @@ def judge(gate: RehearsalGate, job: dict[str, Any]) -> list[Check]:
     return checks
 
 
+def held_rung(job: dict[str, Any]) -> int:
+    """The knob-ladder rung the rehearsal trained on (0: the plan's own knobs)."""
+    rung = _metric(job, "knob_rung")
+    return int(rung) if rung is not None else 0
+
+
 def _shown(value: float | None, digits: int) -> str:
     return "missing" if value is None else f"{value:,.{digits}f}"
 

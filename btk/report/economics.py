@@ -34,6 +34,7 @@ Definitions (also in ``docs/report.md``):
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -75,6 +76,7 @@ OUTCOMES: dict[str, Outcome] = {
     "Stopping": "running",
 }
 TOKENS_METRIC = METRICS_BY_KEY["tokens_per_second_per_gpu"].sagemaker_name
+RUNG_METRIC = METRICS_BY_KEY["knob_rung"].sagemaker_name
 MFU_METRIC = METRICS_BY_KEY["mfu"].sagemaker_name
 MEMORY_METRIC = METRICS_BY_KEY["peak_memory_gib"].sagemaker_name
 UNKNOWN_PROFILE = "unknown"
@@ -212,13 +214,18 @@ def job_profile(job: dict[str, Any], origin: JobOrigin, hyperparameters: dict[st
 
 
 def parse_job_knobs(
-    hyperparameters: dict[str, str], notes: list[str]
+    hyperparameters: dict[str, str], notes: list[str], rung: int = 0
 ) -> tuple[TrainingKnobs | None, ModelArchitecture | None]:
-    """The knobs and architecture a job's hyperparameters hold (the knobs alone from an older job; a note, and
-    None, where there are none)."""
+    """The knobs the job trained on and its architecture, from its hyperparameters: rung ``rung`` of its knob ladder
+    (its ``train:knob_rung`` metric; 0: the plan's own knobs). The knobs alone from an older job; a note, and None,
+    where there are none."""
     try:
         spec = from_hyperparameters(hyperparameters)
-        return spec.knobs, spec.architecture
+        ladder = (spec.knobs, *(spec.job.knob_ladder.rungs if spec.job.knob_ladder is not None else ()))
+        if not 0 <= rung < len(ladder):
+            notes.append(f"trained on knob rung {rung}, which its knob ladder does not have; no prediction")
+            return None, spec.architecture
+        return ladder[rung], spec.architecture
     except BtkError:
         pass
     try:
@@ -226,6 +233,12 @@ def parse_job_knobs(
     except BtkError as error:
         notes.append(f"no knobs in the hyperparameters ({error}); no prediction")
         return None, None
+
+
+def knob_rung(metrics: dict[str, float]) -> int:
+    """The knob-ladder rung a job trained on, from its final metrics (absent: the plan's knobs, rung 0)."""
+    value = metrics.get(RUNG_METRIC, 0.0)
+    return int(value) if math.isfinite(value) and value == int(value) else -1
 
 
 def final_metrics(job: dict[str, Any]) -> dict[str, float]:
@@ -340,8 +353,8 @@ def _prediction_of(
     notes: list[str],
 ) -> _Prediction:
     """The final metrics the run reported and the planner's prediction for the knobs it used."""
-    knobs, architecture = parse_job_knobs(hyperparameters, notes)
     metrics = final_metrics(job)
+    knobs, architecture = parse_job_knobs(hyperparameters, notes, knob_rung(metrics))
     achieved = _Prediction(
         knobs=knobs,
         achieved_tps=metrics.get(TOKENS_METRIC),

@@ -21,7 +21,14 @@ from pydantic import ValidationError
 from btk.evidence import MeasuredRun
 from btk.naming import PURPOSE_REHEARSAL, TAG_PURPOSE
 from btk.report.collect import Collection
-from btk.report.economics import TOKENS_METRIC, final_metrics, job_profile, parse_job_knobs, unquoted_hyperparameters
+from btk.report.economics import (
+    TOKENS_METRIC,
+    final_metrics,
+    job_profile,
+    knob_rung,
+    parse_job_knobs,
+    unquoted_hyperparameters,
+)
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,13 @@ def measured_runs(collection: Collection, *, region: str, since: datetime,
         if profiles is not None and profile not in profiles:
             continue
         why = _left_out_because(job)
-        knobs, architecture = parse_job_knobs(hyperparameters, [])
-        speed = final_metrics(job).get(TOKENS_METRIC)
-        if why is None and (knobs is None or architecture is None):
+        metrics = final_metrics(job)
+        knobs, architecture = parse_job_knobs(hyperparameters, [], knob_rung(metrics))  # the knobs it trained on
+        speed = metrics.get(TOKENS_METRIC)
+        if why is None and architecture is None:
             why = "without btk hyperparameters"
+        if why is None and knobs is None:
+            why = "on a knob rung its hyperparameters do not hold"
         if why is None and (speed is None or not math.isfinite(speed) or speed <= 0):
             why = "without a final tokens/s"
         if why is not None:

@@ -44,7 +44,7 @@ from torch.distributed.fsdp import FSDPModule
 from btk import hardware
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
-from btk.metrics import format_loss_drop_line, format_metric_line
+from btk.metrics import format_knob_rung_line, format_loss_drop_line, format_metric_line
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
@@ -836,6 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rung and os.environ.get("RANK", "0") == "0":
             print(f"btk: knob ladder rung {rung} of {len(rungs(spec)) - 1} (the previous attempt: {reason}): "
                   f"{describe(rungs(spec)[rung])}", flush=True)
+            print(format_knob_rung_line(rung=rung), flush=True)  # the job's metrics say which knobs it trained
         result = train(RunConfig(spec=on_rung(spec, rung), data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:

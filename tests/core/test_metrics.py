@@ -11,6 +11,7 @@ from btk.metrics import (
     METRIC_DEFINITIONS,
     METRICS,
     TRAINING_METRICS,
+    format_knob_rung_line,
     format_loss_drop_line,
     format_metric_line,
     format_preflight_line,
@@ -75,6 +76,12 @@ def test_loss_drop_line_parses_with_its_sign(first: float, last: float, rank_tag
     assert match is not None and float(match.group(1)) == printed
     assert all(re.search(d["Regex"], line) is None for d, m in zip(METRIC_DEFINITIONS, METRICS, strict=True)
                if m.key != "loss_drop")
+
+
+@given(st.integers(0, 4), st.booleans())
+def test_knob_rung_line_parses(rung: int, rank_tag: bool) -> None:
+    line = ("[rank0]:" if rank_tag else "") + format_knob_rung_line(rung=rung)
+    assert parse_metric_line(line) == {"knob_rung": rung}
 
 
 def test_regexes_ignore_other_log_lines() -> None:

@@ -195,3 +195,14 @@ def test_an_execution_answered_without_a_status_is_one_line(sagemaker_and_stubbe
     with pytest.raises(BtkError, match=rf"^sagemaker:DescribePipelineExecution answered for {EXECUTION} without a "
                                        "status$"):
         _rehearse(client, tmp_path, "--execution", EXECUTION)
+
+
+def test_a_rehearsal_that_stepped_down_says_on_which_rung(sagemaker_and_stubber: tuple[Any, Stubber],
+                                                          tmp_path: Any) -> None:
+    client, stubber = sagemaker_and_stubber
+    job = _job(_gate().predicted_tokens_per_second_per_gpu)
+    job["FinalMetricDataList"].append({"MetricName": "train:knob_rung", "Value": 1.0, "Timestamp": june(15, 9)})
+    _queue_start(stubber)
+    _queue_end(stubber, job, polls=1)
+    code, out, _ = _rehearse(client, tmp_path)
+    assert code == 0 and "  note  it trained on rung 1 of its knob ladder" in out

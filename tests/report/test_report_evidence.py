@@ -129,3 +129,26 @@ def test_a_store_that_cannot_be_read_stops_before_any_aws_call(capsys: pytest.Ca
     with pytest.raises(BtkError) as raised:  # a client that is no client: any AWS call would fail otherwise
         run_report(args, client=object(), now=NOW)
     assert str(store) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_job_that_stepped_down_its_knob_ladder_is_recorded_with_the_knobs_it_trained() -> None:
+    """Its train:knob_rung metric names the rung: the measured speed is that rung's, not the plan's."""
+    from btk.hyperparameters import JobHyperparameters, JobSettings, KnobLadder, to_hyperparameters
+
+    profile = fixture_catalog.PROFILES[PROFILES[0]]
+    leaner = KNOBS_1B.model_copy(update={"micro_batch_size": KNOBS_1B.micro_batch_size // 2,
+                                         "gradient_accumulation_steps": 2 * KNOBS_1B.gradient_accumulation_steps})
+    spec = JobHyperparameters(knobs=KNOBS_1B, architecture=profile.architecture, training=profile.training,
+                              job=JobSettings(profile=PROFILES[0], knob_ladder=KnobLadder(rungs=(leaner,))))
+    jobs = []
+    for name, rung in (("on-rung-1", 1.0), ("on-the-plan", None), ("on-rung-5", 5.0)):
+        job = _job(name)
+        job["HyperParameters"] = to_hyperparameters(spec)
+        if rung is not None:
+            job["FinalMetricDataList"].append({"MetricName": "train:knob_rung", "Value": rung,
+                                               "Timestamp": june(15, 9)})
+        jobs.append((job, JobOrigin()))
+    recorded = measured_runs(Collection(jobs=jobs, plans={}, missing_pipelines=[], notes=[]), region=REGION,
+                             since=SINCE)
+    assert {run.id: run.knobs for run in recorded.runs} == {"on-rung-1": leaner, "on-the-plan": KNOBS_1B}
+    assert recorded.left_out == {"on a knob rung its hyperparameters do not hold": 1}

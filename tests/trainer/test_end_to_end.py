@@ -117,6 +117,7 @@ def test_an_out_of_memory_on_one_rank_restarts_the_node_on_the_next_rung(tmp_pat
     assert ("btk: out of memory before the first checkpoint on knob rung 0 of 1 (CUDA out of memory); restarting on "
             "rung 1: micro_batch_size=1 gradient_accumulation_steps=2") in output
     assert "btk: knob ladder rung 1 of 1 (the previous attempt: out of memory" in output
+    assert "btk_metric knob_rung=1" in output.splitlines()  # the job's metrics say which knobs it trained
     steps = [line.split()[1] for line in output.splitlines() if line.startswith("btk_metric step=")]
     assert steps == ["step=1", "step=2", "step=3"]
     assert (tmp_path / "model" / "model.safetensors").stat().st_size > 0
