@@ -63,8 +63,15 @@ METRICS: tuple[Metric, ...] = (
     # Printed once at the start of a job that stepped down its knob ladder (format_knob_rung_line): the rung it
     # trains on, 1 for the ladder's first; absent on the plan's own knobs (rung 0).
     Metric("knob_rung", "train:knob_rung", "{:d}", "count"),
+    # Printed once at the end of a run that reached its last step (format_own_line): seconds from the trainer's
+    # start to the end of its first step (model build, data check and compilation included); the spread of the
+    # step time over the metric windows after the first ((max - min) / median); peak memory reserved per GPU.
+    Metric("first_step_seconds", "train:first_step_seconds", "{:.1f}", "s"),
+    Metric("step_time_spread", "train:step_time_spread", "{:.4f}", "fraction"),
+    Metric("peak_reserved_gib", "train:peak_reserved_gib", "{:.2f}", "GiB"),
 )
-OWN_LINE_METRICS = ("allreduce_busbw_gbps", "loss_drop", "knob_rung")
+OWN_LINE_METRICS = ("allreduce_busbw_gbps", "loss_drop", "knob_rung", "first_step_seconds", "step_time_spread",
+                    "peak_reserved_gib")
 """Metrics printed once, each on a line of its own, not on the per-step training line."""
 #: The metrics of the per-step training line (format_metric_line); the rest have lines of their own.
 TRAINING_METRICS: tuple[Metric, ...] = tuple(metric for metric in METRICS if metric.key not in OWN_LINE_METRICS)
@@ -99,24 +106,25 @@ def format_metric_line(
     return f"{LINE_PREFIX} {fields}"
 
 
-def _own_line(key: str, value: float) -> str:
+def format_own_line(key: str, value: float) -> str:
+    """Format a metric printed on a line of its own (:data:`OWN_LINE_METRICS`)."""
     metric = METRICS_BY_KEY[key]
     return f"{LINE_PREFIX} {metric.key}={metric.fmt.format(value)}"
 
 
 def format_preflight_line(*, allreduce_busbw_gbps: float) -> str:
     """Format the network pre-flight's metric line (printed once per job, before training)."""
-    return _own_line("allreduce_busbw_gbps", allreduce_busbw_gbps)
+    return format_own_line("allreduce_busbw_gbps", allreduce_busbw_gbps)
 
 
 def format_knob_rung_line(*, rung: int) -> str:
     """Format the line of a job that trains on rung ``rung`` of its knob ladder."""
-    return _own_line("knob_rung", rung)
+    return format_own_line("knob_rung", rung)
 
 
 def format_loss_drop_line(*, first_loss: float, last_loss: float) -> str:
     """Format the end-of-run line: how far the loss fell from the run's first metric line to its last."""
-    return _own_line("loss_drop", first_loss - last_loss)
+    return format_own_line("loss_drop", first_loss - last_loss)
 
 
 def parse_metric_line(line: str) -> dict[str, float] | None:

@@ -121,6 +121,21 @@ def judge(gate: RehearsalGate, job: dict[str, Any]) -> list[Check]:
     return checks
 
 
+def described(job: dict[str, Any]) -> list[str]:
+    """What the rehearsal measured beyond the gate's rules (the trainer's once-per-run metric lines)."""
+    lines = []
+    first, spread, reserved = (_metric(job, key) for key in ("first_step_seconds", "step_time_spread",
+                                                             "peak_reserved_gib"))
+    if first is not None:
+        lines.append(f"time to the first step {first:,.0f} s (model build, data check and compilation included)")
+    if spread is not None:
+        lines.append(f"step time spread {spread:.1%} over the metric windows after the first")
+    if reserved is not None:
+        allocated = _metric(job, "peak_memory_gib")
+        lines.append(f"peak reserved memory {reserved:,.2f} GiB/GPU (allocated {_shown(allocated, 2)})")
+    return lines
+
+
 def held_rung(job: dict[str, Any]) -> int:
     """The knob-ladder rung the rehearsal trained on (0: the plan's own knobs)."""
     rung = _metric(job, "knob_rung")

@@ -128,7 +128,7 @@ def _wait(reader: Any, execution: str, max_runtime_seconds: int, sleep: Callable
 def _judge(reader: Any, run: Any, execution: str, status: str, store: Path, out: TextIO, region: str) -> int:
     from btk.evidence import merged, read_evidence, write_evidence
     from btk.naming import PURPOSE_REHEARSAL, TAG_PURPOSE
-    from btk.rehearse import held_rung, judge, training_job_name
+    from btk.rehearse import described, held_rung, judge, training_job_name
     from btk.report.collect import Collection, JobOrigin
     from btk.report.record import measured_runs
 
@@ -143,6 +143,8 @@ def _judge(reader: Any, run: Any, execution: str, status: str, store: Path, out:
     checks = judge(run.gate, job)
     for check in checks:
         out.write(f"  {'pass' if check.passed else 'FAIL'}  {check.line}\n")
+    for line in described(job):
+        out.write(f"  info  {line}\n")
     rung = held_rung(job)
     if rung:
         out.write(f"  note  it trained on rung {rung} of its knob ladder (the plan's knobs ran out of memory): the "

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -44,7 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from btk import hardware
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
-from btk.metrics import format_knob_rung_line, format_loss_drop_line, format_metric_line
+from btk.metrics import format_knob_rung_line, format_loss_drop_line, format_metric_line, format_own_line
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
@@ -497,6 +498,8 @@ class Trainer:
     """One run: the set-up steps in :meth:`__init__`, then :meth:`train` (torchtitan's ``Trainer`` shape)."""
 
     def __init__(self, config: RunConfig) -> None:
+        self.started = time.perf_counter()
+        self.first_step_seconds: float | None = None  # from here to the end of this run's first step
         self.config = config
         self.placement = set_up_device(config)
         self.shape = mesh_shape(self.placement.world, config.nnodes, config.spec.knobs)
@@ -590,6 +593,10 @@ class Trainer:
                 else:
                     self.state.step = result.steps_done = step
                     loss_sum, grad_norm, skipped = outcome
+                    if self.first_step_seconds is None:  # once: the host waits for the device's first step
+                        if self.placement.on_gpu:
+                            torch.cuda.synchronize(self.placement.device)
+                        self.first_step_seconds = time.perf_counter() - self.started
                     self.unread.append((step, loss_sum, grad_norm, skipped))
                     self.window.count_step()
                     if self.config.on_step_end is not None:
@@ -771,12 +778,26 @@ class Trainer:
             print(f"btk: {cause} at step {result.steps_done}: no checkpoint directory, progress lost{dropped}",
                   flush=True)
 
-    def finish(self, result: RunResult) -> None:
-        """Say how far the loss fell; export the trained model; gather the full weights when a test asks for them."""
-        if self.is_logger and len(result.losses) >= 2:  # a rehearsal's gate reads it (loss finite and falling)
+    def print_run_summary(self, result: RunResult) -> None:
+        """The once-per-run metric lines a rehearsal is judged and described by: how far the loss fell (its gate),
+        the time to the first step, the step time's spread after the first window, peak reserved memory."""
+        if len(result.losses) >= 2:
             steps = sorted(result.losses)
             print(format_loss_drop_line(first_loss=result.losses[steps[0]], last_loss=result.losses[steps[-1]]),
                   flush=True)
+        if self.first_step_seconds is not None:
+            print(format_own_line("first_step_seconds", self.first_step_seconds), flush=True)
+        spread = step_time_spread([metrics["tokens_per_second_per_gpu"] for metrics in result.metrics[1:]])
+        if spread is not None:
+            print(format_own_line("step_time_spread", spread), flush=True)
+        if self.placement.on_gpu:
+            reserved = torch.cuda.max_memory_reserved(self.placement.device) / GIB
+            print(format_own_line("peak_reserved_gib", reserved), flush=True)
+
+    def finish(self, result: RunResult) -> None:
+        """Say how far the loss fell; export the trained model; gather the full weights when a test asks for them."""
+        if self.is_logger:
+            self.print_run_summary(result)
         if self.config.model_dir is not None:
             export_model(self.model, self.spec, self.config.model_dir)
         if self.config.return_state:
@@ -785,6 +806,15 @@ class Trainer:
             gathered = get_model_state_dict(
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             result.final_state = {name: value for name, value in gathered.items() if isinstance(value, torch.Tensor)}
+
+
+def step_time_spread(tokens_per_second: list[float]) -> float | None:
+    """(max - min) / median of the step time over metric windows (each window's tokens/s: its step time is the
+    inverse); None for fewer than two windows."""
+    seconds = sorted(1.0 / value for value in tokens_per_second if value > 0)
+    if len(seconds) < 2:
+        return None
+    return (seconds[-1] - seconds[0]) / statistics.median(seconds)
 
 
 def train(config: RunConfig) -> RunResult:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -304,7 +305,12 @@ def test_a_finished_run_ends_with_how_far_its_loss_fell(tmp_path: Path, capsys: 
     assert main(["--hyperparameters", str(tmp_path / "hyperparameters.json")]) == 0
     parsed = [values for line in capsys.readouterr().out.splitlines() if (values := parse_metric_line(line))]
     losses = [values["loss"] for values in parsed if "loss" in values]
-    assert len(losses) == 8 and parsed[-1].keys() == {"loss_drop"}
-    assert parsed[-1]["loss_drop"] == pytest.approx(losses[0] - losses[-1], abs=2e-6)
-    assert parsed[-1]["loss_drop"] > 0  # a learning rate of 3e-3 on a tiny model: the loss falls in 8 steps
-    assert sum("loss_drop" in values for values in parsed) == 1
+    once = {key: value for values in parsed if "step" not in values for key, value in values.items()}
+    assert len(losses) == 8 and sum("step" not in values for values in parsed) == len(once) == 3  # one line each
+    assert once["loss_drop"] == pytest.approx(losses[0] - losses[-1], abs=2e-6)
+    assert once["loss_drop"] > 0  # a learning rate of 3e-3 on a tiny model: the loss falls in 8 steps
+    assert once["first_step_seconds"] > 0
+    step_seconds = [1 / values["tokens_per_second_per_gpu"] for values in parsed[1:8]]  # windows after the first
+    spread = (max(step_seconds) - min(step_seconds)) / statistics.median(step_seconds)
+    assert once["step_time_spread"] == pytest.approx(spread, rel=0.01, abs=1e-4)  # printed to 4 decimals
+    assert "peak_reserved_gib" not in once  # a GPU's figure: not printed on a CPU
