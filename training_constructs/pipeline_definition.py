@@ -752,14 +752,20 @@ def _members(enum: Any, values: Sequence[str]) -> list[Any]:
     return [by_value[value] for value in values]
 
 
+def marked_job_name(job_prefix: str, mark: str) -> str:
+    """A job name prefix of the profile's marked ``-<mark>`` within the same length limit: the profile's is cut,
+    never the mark (a tokenize or rehearsal job never carries the training job's own prefix)."""
+    return f"{job_prefix[:JOB_NAME_PREFIX_MAX - len(mark) - 1].rstrip('-')}-{mark}"
+
+
 def _tokenize_job_name(job_prefix: str) -> str:
-    """The tokenize job's name prefix: the profile's, marked ``-tok``, within the same length limit."""
-    return f"{job_prefix}-tok"[:JOB_NAME_PREFIX_MAX]
+    """The tokenize job's name prefix: the profile's, marked ``-tok``."""
+    return marked_job_name(job_prefix, "tok")
 
 
 def _rehearsal_job_name(job_prefix: str) -> str:
-    """The rehearsal job's name prefix: the profile's, marked ``-reh``, within the same length limit."""
-    return f"{job_prefix[:JOB_NAME_PREFIX_MAX - 4]}-reh"
+    """The rehearsal job's name prefix: the profile's, marked ``-reh``."""
+    return marked_job_name(job_prefix, "reh")
 
 
 def _iter_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

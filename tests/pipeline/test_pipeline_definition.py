@@ -67,6 +67,22 @@ def test_names_are_sanitised_for_sagemaker() -> None:
     assert len(job_name_prefix("staging-eu-west-1-big", "a-very-long-profile-name-for-testing")) <= 40
 
 
+@pytest.mark.parametrize("profile", ["x", "llama3.2-1b", "a-very-long-profile-name-for-testing", "ab-" * 20])
+def test_tokenize_and_rehearsal_jobs_keep_their_mark_at_any_prefix_length(profile: str) -> None:
+    """At the longest prefix the profile's part is cut, not the mark: no helper job carries the training job's
+    prefix, and every one stays within the prefix limit and the environment's prefix."""
+    from btk.naming import JOB_NAME_PREFIX_MAX
+    from training_constructs.pipeline_definition import marked_job_name
+
+    prefix = job_name_prefix("staging-eu-west-1-big", profile)
+    names = {mark: marked_job_name(prefix, mark) for mark in ("tok", "reh")}
+    for mark, name in names.items():
+        assert name.endswith(f"-{mark}") and "--" not in name and len(name) <= JOB_NAME_PREFIX_MAX
+        assert name.startswith(environment_prefix("staging-eu-west-1-big")) and name != prefix
+    if len(prefix) + 4 <= JOB_NAME_PREFIX_MAX:  # room for the mark: the profile's prefix is kept whole
+        assert names == {mark: f"{prefix}-{mark}" for mark in names}
+
+
 @pytest.mark.parametrize(("env_name", "profile"), [("dev", "llama3.2-1b"), ("staging", "qwen2.5_32b"), ("prod", "x")])
 def test_every_name_of_an_environment_starts_with_its_prefix(env_name: str, profile: str) -> None:
     """The pipeline role's job ARNs, the failure rules and the log query all match on this prefix."""
