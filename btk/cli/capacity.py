@@ -19,6 +19,8 @@ from btk.table import Column, Table
 if TYPE_CHECKING:
     from btk.capacity import Offering, ReservationRequest, TrainingPlan
     from btk.environment import EnvironmentConfig
+    from btk.planner.evidence import EvidenceCorrection
+    from btk.planner.search import Plan
 
 DEFAULT_DURATION_HOURS = 7 * 24
 
@@ -70,8 +72,10 @@ def _search(args: argparse.Namespace) -> int:
 
     env = _environment(args.env)
     request = _search_request(env, args)
-    profile, tokens_per_second_per_gpu, gpus = _throughput(env, args.profile, request.instance_count)
-    tested, rehearsed_line = _runs_on_record(env, profile, args.evidence)
+    plan = _plan(env, args.profile, request.instance_count)
+    profile, gpus = plan.profile.name, plan.nodes * plan.instance.gpus_per_node
+    tokens_per_second_per_gpu = float(plan.evaluation.estimate.tokens_per_second_per_gpu)
+    tested, rehearsed_line, correction = _team_evidence(env, plan, args.evidence)
     if args.require_rehearsal and not tested:
         raise BtkError(f"--require-rehearsal: {profile}: {rehearsed_line}")
     try:
@@ -95,6 +99,7 @@ def _search(args: argparse.Namespace) -> int:
                 "tokens_per_second_per_gpu": tokens_per_second_per_gpu,
                 "gpus": gpus,
                 "runs_on_record": list(tested),
+                "evidence": correction.as_json(tokens_per_second_per_gpu) if correction is not None else None,
                 "offerings": rows,
             },
             sort_keys=True,
@@ -106,6 +111,9 @@ def _search(args: argparse.Namespace) -> int:
     print(f"{env.name}: training-plan offerings for {window} (AZ {env.availability_zone})")
     print(f"{profile}: {tokens_per_second_per_gpu:,.0f} tokens/s/GPU x {gpus} GPUs (planner)")
     print(rehearsed_line)
+    if correction is not None:
+        print(f"the team's evidence: {len(correction.runs)} measured run(s) at x{correction.factor:.3f} of the "
+              f"planner's speed; at it each fee per billion tokens below is x{1 / correction.factor:.3f}")
     if not rows:
         print("no offerings: widen the window (--start-after/--end-before) or change --duration-hours")
         return 0
@@ -171,29 +179,26 @@ def _parse_time(text: str, option: str) -> datetime:
         raise BtkError(f"{option} {text!r} is out of range: give a time between years 1 and 9999 in UTC") from None
 
 
-def _throughput(env: EnvironmentConfig, profile_name: str, nodes: int) -> tuple[str, float, int]:
-    """(profile, planner tokens/s per GPU, GPUs) for ``nodes`` instances of the env's type."""
+def _plan(env: EnvironmentConfig, profile_name: str, nodes: int) -> Plan:
+    """The profile's plan for ``nodes`` instances of the env's type (its speed prices the tokens)."""
     from btk.catalog import get_profile
     from btk.hardware import get_instance_type
     from btk.planner.search import plan_profile
 
-    profile = get_profile(profile_name)
-    instance = get_instance_type(env.instance_type)
-    plan = plan_profile(profile, instance, nodes)
-    return profile.name, float(plan.evaluation.estimate.tokens_per_second_per_gpu), nodes * instance.gpus_per_node
+    return plan_profile(get_profile(profile_name), get_instance_type(env.instance_type), nodes)
 
 
-def _runs_on_record(env: EnvironmentConfig, profile_name: str, store_option: Path | None,
-                    ) -> tuple[tuple[str, ...], str]:
-    """The measured runs of the profile's model on the environment's instance type in the evidence store, and the
-    line that says so."""
-    from btk.catalog import get_profile
+def _team_evidence(env: EnvironmentConfig, plan: Plan, store_option: Path | None,
+                   ) -> tuple[tuple[str, ...], str, EvidenceCorrection | None]:
+    """The measured runs of the plan's model on the environment's instance type in the evidence store, the line
+    that says so, and the plan's speed corrected by them."""
     from btk.evidence import evidence_path, read_evidence
-    from btk.planner.evidence import rehearsal_record_line, runs_on_record
+    from btk.planner.evidence import correct_plan, rehearsal_record_line, runs_on_record
 
     store = evidence_path(store_option)
-    runs = runs_on_record(read_evidence(store), get_profile(profile_name).architecture, env.instance_type)
-    return runs, rehearsal_record_line(runs, env.instance_type, store)
+    evidence = read_evidence(store)
+    runs = runs_on_record(evidence, plan.profile.architecture, env.instance_type)
+    return runs, rehearsal_record_line(runs, env.instance_type, store), correct_plan(plan, evidence)
 
 
 def _offering_row(offering: Offering, env: EnvironmentConfig, tokens_per_second: float, gpus: int) -> dict[str, Any]:

@@ -190,7 +190,20 @@ def test_search_says_which_runs_are_on_record(
     stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
     code, out, _ = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
                        "--evidence", str(store), "--require-rehearsal", "--format", "json")
-    assert code == 0 and json.loads(out)["runs_on_record"] == ["job-0", "job-1"]
+    result = json.loads(out)
+    assert code == 0 and result["runs_on_record"] == ["job-0", "job-1"]
+    # Both measured 10,000 tokens/s: the planner's speed for the plan is corrected towards them.
+    evidence = result["evidence"]
+    assert evidence["runs"] == ["job-0", "job-1"]
+    assert evidence["tokens_per_second_per_gpu"] == pytest.approx(
+        result["tokens_per_second_per_gpu"] * evidence["factor"], rel=1e-3)
+    stubbed_sagemaker.stubber.add_response("search_training_plan_offerings", {"TrainingPlanOfferings": []}, SEARCH)
+    code, out, _ = btk(capsys, "capacity", "search", "--env", "burst", "--profile", "llama3.1-8b",
+                       "--evidence", str(store))
+    line = next(line for line in out.splitlines() if line.startswith("the team's evidence: "))
+    assert code == 0 and line.startswith(f"the team's evidence: 2 measured run(s) at x{evidence['factor']:.3f} of the "
+                                         "planner's speed; at it each fee per billion tokens below is x")
+    assert float(line.rsplit("x", 1)[1]) == pytest.approx(1 / evidence["factor"], abs=2e-3)
 
 
 def test_search_with_no_offerings_says_how_to_widen(
