@@ -66,7 +66,7 @@ METRICS: tuple[Metric, ...] = (
     # Printed once at the end of a run that reached its last step (format_own_line): seconds from the trainer's
     # start to the end of its first step (model build, data check and compilation included); the spread of the
     # step time over the metric windows after the first ((max - min) / median); peak memory reserved per GPU.
-    Metric("first_step_seconds", "train:first_step_seconds", "{:.1f}", "s"),
+    Metric("first_step_seconds", "train:first_step_seconds", "{:.3f}", "s"),
     Metric("step_time_spread", "train:step_time_spread", "{:.4f}", "fraction"),
     Metric("peak_reserved_gib", "train:peak_reserved_gib", "{:.2f}", "GiB"),
 )
