@@ -27,7 +27,7 @@ import json
 import types
 from typing import Any, ClassVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from btk.errors import BtkError, FieldError, one_line
 from btk.jsonfile import parse_json
@@ -57,7 +57,7 @@ class JobSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("async_tensor_parallel", "knob_ladder")
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("async_tensor_parallel", "knob_ladder", "start_rung")
 
     profile: str = Field(pattern=PROFILE_NAME_PATTERN, description="the profile's name")
     seed: int = Field(default=1234, ge=0)
@@ -100,6 +100,26 @@ class JobSettings(BaseModel):
         description="knob sets to step down to, in order, when the job runs out of memory before its first "
         "checkpoint (single-node jobs: torchrun restarts the processes on the next rung)",
     )
+    start_rung: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LADDER_RUNGS,
+        description="the knob-ladder rung the job starts on (0: the plan's own knobs): the pipeline hands the long "
+        "run the rung its rehearsal held, so a plan that ran out of memory in the rehearsal does not again",
+    )
+
+    @field_validator("start_rung", mode="before")
+    @classmethod
+    def _whole_number_text(cls, value: Any) -> Any:
+        """Accept ``"1.0"``: the pipeline passes the rehearsal's ``train:knob_rung`` metric, a float, as text."""
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                return value  # pydantic's own message
+            if number.is_integer():
+                return int(number)
+        return value
 
 
 class JobHyperparameters(BaseModel):
@@ -116,10 +136,14 @@ class JobHyperparameters(BaseModel):
     def _ladder_keeps_the_batch(self) -> JobHyperparameters:
         """Every rung trains what the plan trains: the same tokens per step per data-parallel rank, sequence,
         precision and tensor parallelism (a step down changes memory, never what is learned)."""
-        if self.job.knob_ladder is None:
+        ladder = self.job.knob_ladder
+        if self.job.start_rung > (len(ladder.rungs) if ladder is not None else 0):
+            raise FieldError("job.start_rung", f"rung {self.job.start_rung} is past the knob ladder's last "
+                             f"({len(ladder.rungs) if ladder is not None else 0}; job.knob_ladder)")
+        if ladder is None:
             return self
         plan = self.knobs
-        for index, rung in enumerate(self.job.knob_ladder.rungs, start=1):
+        for index, rung in enumerate(ladder.rungs, start=1):
             for name in ("seq_len", "precision", "tensor_parallel"):
                 if getattr(rung, name) != getattr(plan, name):
                     raise FieldError("job.knob_ladder", f"rung {index} changes {name} "

@@ -17,12 +17,20 @@ The pipeline::
 Two training steps, because ``CreateTrainingJob`` rejects an empty ``TrainingPlanArn``
 (min length 50): "empty means on-demand" can only be said by leaving the field out.
 
+In an environment that rehearses (:class:`RehearsalSpec`), each branch runs ``Rehearse`` (a short
+job) first, then ``RehearsalPassed`` (ConditionStep on the rehearsal's final metrics): the long
+run where it passed, ``RehearsalFailed`` (FailStep) where not. The long run starts on the
+knob-ladder rung the rehearsal held: its ``job.start_rung`` hyperparameter is the rehearsal's
+``train:knob_rung`` metric (``Std:Join`` of the float, read back as a whole number).
+
 Pipeline parameters: ``InstanceCount`` (Integer), ``TrainingPlanArn`` (String, "" =
 on-demand), ``MaxRuntimeSeconds`` (Integer), ``TotalTokens`` (String, the
 ``train.total_tokens`` hyperparameter; "" = the trainer derives it from ``job.max_steps``),
 ``MaxPendingSeconds`` (Integer, ``StoppingCondition.MaxPendingTimeInSeconds`` of the plan branch:
 how long a job may wait for its plan's capacity), and ``MaxWaitSeconds`` (Integer) in
-managed-spot environments.
+managed-spot environments; ``StartRung`` (String, default "0": the knob-ladder rung the long run
+starts on, ``job.start_rung``) where the profile has a knob ladder and the environment does not
+rehearse every execution.
 
 Where the SDK cannot say a field, the compiled definition is post-processed, and only there
 (:func:`_fill_sdk_gaps`; tested):
@@ -76,6 +84,7 @@ PARAM_MAX_RUNTIME_SECONDS = "MaxRuntimeSeconds"
 PARAM_MAX_WAIT_SECONDS = "MaxWaitSeconds"
 PARAM_TOTAL_TOKENS = "TotalTokens"
 PARAM_MAX_PENDING_SECONDS = "MaxPendingSeconds"
+PARAM_START_RUNG = "StartRung"
 #: SageMaker's bounds of ``StoppingCondition.MaxPendingTimeInSeconds`` (botocore's service model).
 MAX_PENDING_BOUNDS = (1800, 2_419_200)
 
@@ -462,12 +471,20 @@ class _Builder:
         )
         self.hyperparameters: dict[str, Any] = dict(hyperparameters)
         self.hyperparameters["train.total_tokens"] = self.total_tokens
+        # Without a rehearsal step, the rung to start on is the caller's (the one `btk rehearse` saw held); with
+        # one, the rehearsal's metric (_branch).
+        self.start_rung = (ParameterString(name=PARAM_START_RUNG, default_value="0")
+                           if spec.knob_ladder and spec.rehearsal is None else None)
+        if self.start_rung is not None:
+            self.hyperparameters["job.start_rung"] = self.start_rung
 
     @property
     def parameters(self) -> list[Any]:
         params = [self.instance_count, self.training_plan_arn, self.max_runtime, self.total_tokens, self.max_pending]
         if self.spec.environment.managed_spot:
             params.append(self.max_wait)
+        if self.start_rung is not None:
+            params.append(self.start_rung)
         return params
 
     def definition(self) -> str:
@@ -515,16 +532,21 @@ class _Builder:
             ConditionGreaterThanOrEqualTo,
             ConditionLessThanOrEqualTo,
         )
+        from sagemaker.core.workflow.functions import Join
         from sagemaker.mlops.workflow import ConditionStep
         from sagemaker.mlops.workflow.fail_step import FailStep
 
         suffix = ON_PLAN_SUFFIX if on_plan else ""
-        train = self._training_step(STEP_TRAIN + suffix, on_plan=on_plan)
         rehearsal = self.spec.rehearsal
         if rehearsal is None:
-            return [train]
+            return [self._training_step(STEP_TRAIN + suffix, on_plan=on_plan)]
         rehearse = self._training_step(STEP_REHEARSE + suffix, on_plan=on_plan, rehearsal=rehearsal)
         final = rehearse.properties.FinalMetricDataList
+        # The long run starts on the knob-ladder rung the rehearsal held (its train:knob_rung metric, which a job
+        # with a ladder always reports): a plan that ran out of memory in the rehearsal does not again.
+        start_rung = ({"job.start_rung": Join(on="", values=[final[METRICS_BY_KEY["knob_rung"].sagemaker_name].Value])}
+                      if self.spec.knob_ladder else {})
+        train = self._training_step(STEP_TRAIN + suffix, on_plan=on_plan, extra_hyperparameters=start_rung)
         throughput, nonfinite, memory, loss_drop = (
             METRICS_BY_KEY[key].sagemaker_name
             for key in ("tokens_per_second_per_gpu", "nonfinite_steps", "peak_memory_gib", "loss_drop"))
@@ -548,7 +570,8 @@ class _Builder:
         )
         return [rehearse, gate]
 
-    def _training_step(self, name: str, *, on_plan: bool, rehearsal: RehearsalSpec | None = None) -> Any:
+    def _training_step(self, name: str, *, on_plan: bool, rehearsal: RehearsalSpec | None = None,
+                       extra_hyperparameters: dict[str, Any] | None = None) -> Any:
         from sagemaker.core.common_utils import instance_supports_kms
         from sagemaker.core.shapes import (
             Channel,
@@ -618,7 +641,8 @@ class _Builder:
             on="/",
             values=[spec.checkpoint_s3_uri.rstrip("/"), spec.profile.name, ExecutionVariables.PIPELINE_EXECUTION_ID],
         )
-        hyperparameters = self.hyperparameters if rehearsal is None else self._rehearsal_hyperparameters(rehearsal)
+        own = self.hyperparameters if rehearsal is None else self._rehearsal_hyperparameters(rehearsal)
+        hyperparameters = {**own, **(extra_hyperparameters or {})}
         trainer = ModelTrainer(
             sagemaker_session=self.session,
             role=spec.role_arn,

@@ -147,8 +147,10 @@ def _judge(reader: Any, run: Any, execution: str, status: str, store: Path, out:
         out.write(f"  info  {line}\n")
     rung = held_rung(job)
     if rung:
-        out.write(f"  note  it trained on rung {rung} of its knob ladder (the plan's knobs ran out of memory): the "
-                  "long run steps down the same way in its first steps, or re-plan with more memory headroom\n")
+        out.write(f"  note  it trained on rung {rung} of its knob ladder (the plan's knobs ran out of memory): start "
+                  f"the long run there with the pipeline parameter StartRung={rung} (aws sagemaker "
+                  f"start-pipeline-execution --pipeline-name {run.pipeline} --pipeline-parameters "
+                  f"Name=StartRung,Value={rung}), or re-plan with more memory headroom\n")
     passed = all(check.passed for check in checks)
     collection = Collection(jobs=[(job, JobOrigin(tags={TAG_PURPOSE: PURPOSE_REHEARSAL}))], plans={},
                             missing_pipelines=[], notes=[])

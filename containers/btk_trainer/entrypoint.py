@@ -104,10 +104,11 @@ def build_launch(
     model_dir = Path(env.get("SM_MODEL_DIR", str(DEFAULT_MODEL_DIR)))
     checkpoint_dir = Path(env.get("BTK_CHECKPOINT_DIR", str(DEFAULT_CHECKPOINT_DIR)))
 
-    # One restart per rung of the knob ladder, on one node (btk_trainer.ladder): torchrun restarts the node's
-    # processes on the next rung after one runs out of memory before the first checkpoint.
+    # One restart per rung of the knob ladder below the one the job starts on (job.start_rung), on one node
+    # (btk_trainer.ladder): torchrun restarts the node's processes on the next rung after one runs out of memory
+    # before the first checkpoint.
     ladder = spec.job.knob_ladder
-    restarts = len(ladder.rungs) if ladder is not None and cluster.nnodes == 1 else 0
+    restarts = len(ladder.rungs) - spec.job.start_rung if ladder is not None and cluster.nnodes == 1 else 0
     command = [
         sys.executable, "-m", "torch.distributed.run",
         *torchrun_node_args(cluster, nproc, master_port),

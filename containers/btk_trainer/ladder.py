@@ -7,7 +7,8 @@ per rung (``--max-restarts``). A rank that runs out of memory while no checkpoin
 exists records the next rung in the node's ladder state file (:func:`step_down`) and exits with
 :data:`EXIT_STEP_DOWN`; torchrun stops the node's other processes and starts them all again, and
 every process reads the rung from the file (:func:`current_rung`) and trains on it from step 0,
-with the same batches an uninterrupted run on that rung would see. Once a checkpoint exists the
+with the same batches an uninterrupted run on that rung would see. A job may start further down
+(``job.start_rung``): the pipeline starts the long run on the rung its rehearsal held. Once a checkpoint exists the
 knobs no longer change: an out-of-memory there fails the job in one line. A restart the state
 file does not account for (the previous attempt failed for another reason) fails at once, so
 torchrun's restarts are spent on memory only and a real error is not retried.
@@ -63,17 +64,19 @@ def _read(path: Path) -> LadderState | None:
 
 
 def current_rung(path: Path | None, restart: int, spec: JobHyperparameters) -> tuple[int, str | None]:
-    """The rung this attempt trains on (0: the plan) and why it is not the plan; BtkError when the previous
+    """The rung this attempt trains on (0: the plan; the first attempt: ``job.start_rung``) and why it is not the
+    plan; BtkError when the previous
     attempt failed for another reason than running out of memory before the first checkpoint."""
     if restart == 0 or path is None:
         if path is not None:
             path.unlink(missing_ok=True)  # a state left by an earlier job in this container is not this job's
-        return 0, None
+        start = spec.job.start_rung
+        return start, (f"the job starts on it (job.start_rung): its rehearsal held rung {start}" if start else None)
     state = _read(path)
     if state is None or state.attempt != restart or state.rung >= len(rungs(spec)):
         raise BtkError(f"attempt {restart + 1} of this job follows a failure other than running out of memory "
                        "before the first checkpoint (see the log above); not training again")
-    return state.rung, state.reason
+    return state.rung, f"the previous attempt: {state.reason}"
 
 
 def on_rung(spec: JobHyperparameters, rung: int) -> JobHyperparameters:

@@ -863,10 +863,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = load_hyperparameters(args.hyperparameters)
         rung, reason = current_rung(args.ladder_state, restart, spec)
-        if rung and os.environ.get("RANK", "0") == "0":
-            print(f"btk: knob ladder rung {rung} of {len(rungs(spec)) - 1} (the previous attempt: {reason}): "
-                  f"{describe(rungs(spec)[rung])}", flush=True)
-            print(format_knob_rung_line(rung=rung), flush=True)  # the job's metrics say which knobs it trained
+        if os.environ.get("RANK", "0") == "0" and len(rungs(spec)) > 1:
+            if rung:
+                print(f"btk: knob ladder rung {rung} of {len(rungs(spec)) - 1} ({reason}): "
+                      f"{describe(rungs(spec)[rung])}", flush=True)
+            # The job's metrics say which knobs it trained on, rung 0 included: the pipeline hands the rung a
+            # rehearsal held to the long run (job.start_rung), so a job with a ladder always reports it.
+            print(format_knob_rung_line(rung=rung), flush=True)
         result = train(RunConfig(spec=on_rung(spec, rung), data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir,
                                  model_dir=args.model_dir, nnodes=args.nnodes))
     except BtkError as error:

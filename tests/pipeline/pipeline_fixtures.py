@@ -201,7 +201,8 @@ def sample_parameters(definition: dict[str, Any], **overrides: Any) -> dict[str,
 
 
 def substitute(node: Any, parameters: dict[str, Any], execution_id: str = "abc123execution") -> Any:
-    """Replace ``{"Get": "Parameters.X"}`` / execution variables / ``Std:Join`` with sample values."""
+    """Replace ``{"Get": "Parameters.X"}`` / execution variables / a previous job's metric / ``Std:Join`` with
+    sample values."""
     if isinstance(node, list):
         return [substitute(item, parameters, execution_id) for item in node]
     if not isinstance(node, dict):
@@ -212,6 +213,8 @@ def substitute(node: Any, parameters: dict[str, Any], execution_id: str = "abc12
             return parameters[reference.removeprefix("Parameters.")]
         if reference == "Execution.PipelineExecutionId":
             return execution_id
+        if reference.startswith("Steps.") and ".FinalMetricDataList[" in reference:
+            return 0.0  # a metric a previous job reported (a float, as SageMaker keeps it)
         raise AssertionError(f"unknown reference {reference}")
     if set(node) == {"Std:Join"}:
         join = node["Std:Join"]

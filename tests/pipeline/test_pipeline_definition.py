@@ -239,6 +239,48 @@ def test_a_rehearsal_gates_the_long_run(suffix: str) -> None:
     assert TAG_PURPOSE not in {tag["Key"] for tag in long_run["Tags"]} and "CheckpointConfig" in long_run
 
 
+@pytest.mark.parametrize("suffix", ["", "OnPlan"])
+def test_the_long_run_starts_on_the_rung_its_rehearsal_held(suffix: str) -> None:
+    """With a knob ladder, the long run's job.start_rung is the rehearsal's train:knob_rung metric, which the
+    rehearsal's metric definitions capture; the trainer reads the joined float back as a whole number."""
+    from btk.hyperparameters import from_hyperparameters
+    from btk.metrics import METRICS_BY_KEY
+    from training_constructs.pipeline_definition import STEP_REHEARSE, RehearsalSpec
+
+    knobs = TrainingKnobs(micro_batch_size=2, seq_len=fc.PROFILES[fc.STAGING.profiles[0]].training.seq_len)
+    ladder = (knobs.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 2}),)
+    rehearsal = RehearsalSpec(nodes=1, steps=60, min_tokens_per_second_per_gpu=1.0, max_runtime_seconds=5400,
+                              max_peak_memory_gib=161.25)
+    steps = _steps_by_name(build_pipeline_definition(_spec(knobs=knobs, knob_ladder=ladder, rehearsal=rehearsal)))
+    rung = METRICS_BY_KEY["knob_rung"].sagemaker_name
+    long_run = steps[STEP_TRAIN + suffix]["Arguments"]["HyperParameters"]
+    assert long_run["job.start_rung"] == {"Std:Join": {"On": "", "Values": [
+        {"Get": f"Steps.{STEP_REHEARSE}{suffix}.FinalMetricDataList['{rung}'].Value"}]}}
+    rehearse = steps[STEP_REHEARSE + suffix]["Arguments"]
+    assert "job.start_rung" not in rehearse["HyperParameters"]
+    assert rung in {item["Name"] for item in rehearse["AlgorithmSpecification"]["MetricDefinitions"]}
+    held = {**long_run, "job.start_rung": "1.0", "train.total_tokens": ""}
+    assert from_hyperparameters(held).job.start_rung == 1
+    without_ladder = _steps_by_name(build_pipeline_definition(_spec(rehearsal=rehearsal)))
+    assert "job.start_rung" not in without_ladder[STEP_TRAIN + suffix]["Arguments"]["HyperParameters"]
+
+
+def test_without_a_rehearsal_step_the_caller_names_the_start_rung() -> None:
+    """Where `btk rehearse` rehearsed on demand, the long run starts on the rung it held through the StartRung
+    parameter (default 0: the plan's knobs); only where there is a ladder to start on."""
+    from training_constructs.pipeline_definition import PARAM_START_RUNG
+
+    knobs = TrainingKnobs(micro_batch_size=2, seq_len=fc.PROFILES[fc.STAGING.profiles[0]].training.seq_len)
+    ladder = (knobs.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 2}),)
+    definition = build_pipeline_definition(_spec(knobs=knobs, knob_ladder=ladder))
+    assert {"Name": PARAM_START_RUNG, "Type": "String", "DefaultValue": "0"} in json.loads(definition)["Parameters"]
+    for suffix in ("", "OnPlan"):
+        hyperparameters = _steps_by_name(definition)[STEP_TRAIN + suffix]["Arguments"]["HyperParameters"]
+        assert hyperparameters["job.start_rung"] == {"Get": f"Parameters.{PARAM_START_RUNG}"}
+    plain = json.loads(build_pipeline_definition(_spec()))
+    assert PARAM_START_RUNG not in {parameter["Name"] for parameter in plain["Parameters"]}
+
+
 def test_a_rehearsal_from_trained_weights_may_leave_the_loss_unchecked() -> None:
     from btk.metrics import METRICS_BY_KEY
     from training_constructs.pipeline_definition import STEP_REHEARSAL_GATE, RehearsalSpec

@@ -210,3 +210,4 @@ def test_a_rehearsal_that_stepped_down_says_on_which_rung(sagemaker_and_stubber:
     _queue_end(stubber, job, polls=1)
     code, out, _ = _rehearse(client, tmp_path)
     assert code == 0 and "  note  it trained on rung 1 of its knob ladder" in out
+    assert "the pipeline parameter StartRung=1 (" in out and "--pipeline-parameters Name=StartRung,Value=1)" in out

@@ -158,3 +158,66 @@ def test_one_node_restarts_once_per_rung_and_several_nodes_never(tmp_path: Path)
         found = [arg for arg in plan.command if arg.startswith("--max-restarts")]
         assert found == ([f"--max-restarts={restarts}"] if restarts else [])
         assert "--ladder-state=/tmp/btk/knob_ladder.json" in plan.command
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_job_starts_on_the_rung_its_rehearsal_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``job.start_rung`` (the pipeline hands the long run its rehearsal's ``train:knob_rung``, a float, as text):
+    the first attempt trains on that rung, says so, and reports it; a step down from there goes on down."""
+    laddered = _laddered()
+    spec = laddered.model_copy(update={"job": laddered.job.model_copy(update={"start_rung": 1})})
+    from btk.hyperparameters import from_hyperparameters
+
+    hyperparameters = to_hyperparameters(spec)
+    assert hyperparameters["job.start_rung"] == "1"
+    assert from_hyperparameters({**hyperparameters, "job.start_rung": "1.0"}) == spec
+    assert "job.start_rung" not in to_hyperparameters(laddered)  # left out at its default
+    ran = _out_of_memory_above(monkeypatch, 1)
+    assert _attempt(tmp_path, monkeypatch, 0, spec) == EXIT_STEP_DOWN
+    out = capsys.readouterr().out
+    assert "btk: knob ladder rung 1 of 2 (the job starts on it (job.start_rung): its rehearsal held rung 1)" in out
+    assert "btk_metric knob_rung=1" in out.splitlines()
+    assert "on knob rung 1 of 2 (CUDA out of memory); restarting on rung 2" in out
+    assert _attempt(tmp_path, monkeypatch, 1, spec) == 0
+    assert "btk_metric knob_rung=2" in capsys.readouterr().out.splitlines()
+    assert ran == [1, 1, 1, 1]
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_laddered_job_on_its_plan_reports_rung_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A rehearsal that held the plan's own knobs says so in its metrics: the pipeline reads the rung it held."""
+    laddered = _laddered()
+    spec = laddered.model_copy(update={"job": laddered.job.model_copy(update={"max_steps": 1})})
+    assert _attempt(tmp_path, monkeypatch, 0, spec) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "btk_metric knob_rung=0" in out and not any(line.startswith("btk: knob ladder rung") for line in out)
+
+
+@pytest.mark.parametrize(("start", "message"), [
+    ("3", "job.start_rung: rung 3 is past the knob ladder's last (2; job.knob_ladder)"),
+    ("1.5", "job.start_rung"), ("-1", "job.start_rung"), ("one", "job.start_rung"),
+])
+def test_a_start_rung_off_the_ladder_is_one_line(start: str, message: str) -> None:
+    from btk.errors import BtkError
+    from btk.hyperparameters import from_hyperparameters
+
+    hyperparameters = {**to_hyperparameters(_laddered()), "job.start_rung": start}
+    with pytest.raises(BtkError) as raised:
+        from_hyperparameters(hyperparameters)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_one_node_restarts_once_per_rung_below_the_start(tmp_path: Path) -> None:
+    config = tmp_path / "one_node"
+    shutil.copytree(FIXTURES / "one_node", config)
+    hyperparameters = json.loads((config / "hyperparameters.json").read_text())
+    knobs = TrainingKnobs.model_validate({key: hyperparameters[key] for key in TrainingKnobs.model_fields})
+    rungs = [knobs.model_copy(update={"activation_checkpointing": mode}) for mode in ("selective", "full")]
+    hyperparameters["job.knob_ladder"] = json.dumps({"rungs": [rung.model_dump(mode="json") for rung in rungs]})
+    hyperparameters["job.start_rung"] = "1.0"
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (tmp_path / "train").mkdir()
+    plan = build_launch(config, {"BTK_NUM_GPUS": "8"}, data_dir=tmp_path / "train")
+    assert [arg for arg in plan.command if arg.startswith("--max-restarts")] == ["--max-restarts=1"]
