@@ -9,15 +9,11 @@ from typing import Any
 import fixture_catalog
 import pytest
 from cli_run import run
+from evidence_documents import B200, runs_document
 from example_budget import capped
 from fixture_catalog import PROFILES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from btk.hardware import get_instance_type
-from btk.planner.search import plan_profile
-
-B200 = "ml.p6-b200.48xlarge"
 
 
 @pytest.fixture(autouse=True)
@@ -27,12 +23,7 @@ def _fixture_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _runs(*speeds: float, profile: str = "llama3.1-8b") -> dict[str, Any]:
-    knobs = plan_profile(PROFILES[profile], get_instance_type(B200)).knobs
-    return {"version": 1, "runs": [
-        {"id": f"btk-prod-{profile}-reh-{index}", "kind": "rehearsal", "profile": profile,
-         "architecture": PROFILES[profile].architecture.model_dump(mode="json"), "instance_type": B200, "nodes": 1,
-         "knobs": knobs.model_dump(mode="json"), "tokens_per_second_per_gpu": speed, "source": "test"}
-        for index, speed in enumerate(speeds)]}
+    return runs_document(*speeds, profile=profile)
 
 
 def _write(path: Path, document: Any) -> Path:

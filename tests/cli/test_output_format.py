@@ -37,9 +37,10 @@ def subparser(words: tuple[str, ...]) -> argparse.ArgumentParser:
 
 COMMANDS = sorted(leaf_commands(build_parser()))
 #: Commands that run something rather than print a result (``btk bootstrap`` runs the CDK CLI; ``btk evidence
-#: import`` and ``export`` write the team's evidence file and say how many runs they wrote; ``btk rehearse`` starts
-#: a pipeline execution and says how it went).
-ACTIONS = [("bootstrap",), ("evidence", "export"), ("evidence", "import"), ("rehearse",)]
+#: import``, ``export``, ``push`` and ``pull`` write the team's evidence and say how many runs they wrote; ``btk
+#: rehearse`` starts a pipeline execution and says how it went).
+ACTIONS = [("bootstrap",), ("evidence", "export"), ("evidence", "import"), ("evidence", "pull"), ("evidence", "push"),
+           ("rehearse",)]
 
 
 def test_every_command_is_covered() -> None:
@@ -53,6 +54,8 @@ def test_every_command_is_covered() -> None:
         ("evidence", "export"),
         ("evidence", "import"),
         ("evidence", "list"),
+        ("evidence", "pull"),
+        ("evidence", "push"),
         ("plan",),
         ("profile", "import"),
         ("profiles",),

@@ -102,6 +102,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> EmptySageMaker:
     monkeypatch.setattr(catalog, "all_environments", lambda: dict(ENVIRONMENTS))
     monkeypatch.setattr("btk.cli.capacity.sagemaker_client", lambda region: client)
     monkeypatch.setattr("btk.cli.rehearse.sagemaker_client", lambda region: client)
+    monkeypatch.setattr("btk.cli.evidence.aws_clients", lambda region: lambda service: client)
     monkeypatch.setattr(capacity, "plan_instance_types", SOLD_AS_PLANS)
     monkeypatch.setattr(aws, "make_client", lambda region: client)
     return client

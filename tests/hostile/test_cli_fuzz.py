@@ -581,10 +581,11 @@ def evidence_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def evidence_command_lines(paths: dict[str, str]) -> st.SearchStrategy[tuple[list[str], list[Arg]]]:
-    """``evidence import FILE``, ``list`` or ``export FILE``, always with a store in a temporary folder (never the
-    default one here); the hostile part: a store that is not one (a folder, not JSON, below a file), a runs file
-    that is not one, a bad format, a stray word. Export writes a new file: the first export to a path passes,
-    a later one is refused, so either exit is right there."""
+    """``evidence import FILE``, ``list``, ``export FILE``, ``push`` or ``pull --env ENV``, always with a store in a
+    temporary folder (never the default one here); the hostile part: a store that is not one (a folder, not JSON,
+    below a file), a runs file that is not one, a bad environment, a bad format, a stray word.
+    Export writes a new file: the first export to a path passes, a later one is refused, so either exit is right
+    there."""
     def store(hostile: bool) -> st.SearchStrategy[list[Arg]]:
         good, bad = (paths["store"], paths["new store"]), (paths["folder"], paths["not json"], paths["below a file"])
         return st.sampled_from(bad if hostile else good).flatmap(lambda value: option("--evidence", value,
@@ -600,8 +601,16 @@ def evidence_command_lines(paths: dict[str, str]) -> st.SearchStrategy[tuple[lis
 
     imported = command_line(store, head=(runs,)).map(lambda args: (["evidence", "import"], args))
     listed = command_line(store, TABLE_OR_JSON).map(lambda args: (["evidence", "list"], args))
+    def deployed_env(hostile: bool) -> st.SearchStrategy[list[Arg]]:
+        """A known environment may go either way: the empty account has no stack to push to (one line)."""
+        if hostile:
+            return ENV_OPTION(True)
+        return st.sampled_from(ENV_NAMES).flatmap(lambda name: option("--env", name, None))
+
     exported = command_line(store, head=(target,)).map(lambda args: (["evidence", "export"], args))
-    return st.one_of(imported, listed, exported)
+    shared = [command_line(store, deployed_env).map(lambda args, verb=verb: (["evidence", verb], args))
+              for verb in ("push", "pull")]
+    return st.one_of(imported, listed, exported, *shared)
 
 
 #: Rehearsing on demand: the reserve environment rehearses every execution itself (refused in one line).
