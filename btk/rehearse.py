@@ -121,9 +121,13 @@ def judge(gate: RehearsalGate, job: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def described(job: dict[str, Any]) -> list[str]:
-    """What the rehearsal measured beyond the gate's rules (the trainer's once-per-run metric lines)."""
+def described(gate: RehearsalGate, job: dict[str, Any]) -> list[str]:
+    """What the rehearsal measured beyond the gate's rules (its MFU, the trainer's once-per-run metric lines), each
+    beside the plan's figure where the planner has one."""
     lines = []
+    mfu = _metric(job, "mfu")
+    if mfu is not None:
+        lines.append(f"MFU {mfu:.1%} of dense bf16 (plan {gate.predicted_mfu:.1%})")
     first, spread, reserved = (_metric(job, key) for key in ("first_step_seconds", "step_time_spread",
                                                              "peak_reserved_gib"))
     if first is not None:
@@ -132,7 +136,8 @@ def described(job: dict[str, Any]) -> list[str]:
         lines.append(f"step time spread {spread:.1%} over the metric windows after the first")
     if reserved is not None:
         allocated = _metric(job, "peak_memory_gib")
-        lines.append(f"peak reserved memory {reserved:,.2f} GiB/GPU (allocated {_shown(allocated, 2)})")
+        lines.append(f"peak reserved memory {reserved:,.2f} GiB/GPU (allocated {_shown(allocated, 2)}; plan "
+                     f"{gate.predicted_memory_gib:,.1f} allocated)")
     return lines
 
 

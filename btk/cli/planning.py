@@ -44,9 +44,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE.png",
         help="draw memory and throughput of the top candidates; with several profiles, FILE-PROFILE.png each",
     )
-    plan.add_argument("--evidence", type=non_empty_path, metavar="STORE",
-                      help="the team's measured runs to correct the prediction with (default: $BTK_EVIDENCE, else "
-                      "btk-evidence.json here, where it exists; see btk evidence)")
+    _add_evidence_argument(plan)
     plan.set_defaults(handler=cmd_plan)
 
     estimate = subparsers.add_parser(
@@ -68,6 +66,7 @@ def register(subparsers: Any) -> None:
         help="a knob value over the plan's, e.g. --set precision=fp8_tensorwise (repeatable)",
     )
     add_format_argument(estimate)
+    _add_evidence_argument(estimate)
     estimate.set_defaults(handler=cmd_estimate)
 
     compare = subparsers.add_parser("compare", help="best knobs, speed and cost of a profile on several instance types")
@@ -90,7 +89,14 @@ def register(subparsers: Any) -> None:
     compare.add_argument(
         "--plot", type=non_empty, metavar="FILE.png", help="draw tokens/s/GPU and $ per billion tokens per instance"
     )
+    _add_evidence_argument(compare)
     compare.set_defaults(handler=cmd_compare)
+
+
+def _add_evidence_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--evidence", type=non_empty_path, metavar="STORE",
+                        help="the team's measured runs to correct the prediction with (default: $BTK_EVIDENCE, else "
+                        "btk-evidence.json here, where it exists; see btk evidence)")
 
 
 TOKEN_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -242,8 +248,10 @@ def parse_settings(settings: list[str]) -> dict[str, str]:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
+    from btk.evidence import evidence_path, read_evidence
     from btk.hardware import get_instance_type
     from btk.planner.band import band_for
+    from btk.planner.evidence import correct_prediction
     from btk.planner.render import render_what_if
     from btk.planner.search import what_if
 
@@ -252,6 +260,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     result = what_if(profile, instance, args.nodes, parse_settings(args.settings))
     evaluation = result.evaluation
     band = band_for(instance, profile.parameter_count, evaluation.knobs.seq_len, args.nodes)
+    correction = correct_prediction(profile.architecture, instance, band,
+                                    read_evidence(evidence_path(args.evidence)))
+    predicted = evaluation.estimate.tokens_per_second_per_gpu
     if args.output_format == JSON:
         nearest = result.nearest
         print_json(
@@ -268,12 +279,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 else nearest.as_json() | {"changed": result.changed_to_fit()},
                 "global_batch_tokens": result.global_batch.as_json(),
                 "error_band": band.as_json(),
+                "evidence": correction.as_json(predicted) if correction is not None else None,
             }
         )
     else:
         print(f"{profile.name} on {args.nodes} x {instance.name}")
         print(f"error band: {band.describe()}")
         print(render_what_if(result))
+        if correction is not None:
+            usd = evaluation.estimate.usd_per_billion_tokens / correction.factor
+            print(f"team's evidence: {correction.describe(predicted)}; ${usd:,.0f} per billion tokens at that speed")
     if not evaluation.fits:
         print(
             f"btk: warning: {evaluation.describe_shortfall()}: this run would run out of memory",
@@ -284,6 +299,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from btk.catalog import get_profile
+    from btk.evidence import evidence_path, read_evidence
     from btk.hardware import get_instance_type
     from btk.planner.compare import compare_instances
     from btk.planner.plot import check_plot_path, plot_compare
@@ -294,7 +310,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not names:
         raise BtkError("--instances is empty: give e.g. ml.p5.48xlarge,ml.p6-b200.48xlarge")
     instances = [get_instance_type(name) for name in names]
-    comparisons = compare_instances(profile, instances, args.nodes, args.total_tokens)
+    evidence = read_evidence(evidence_path(args.evidence))
+    comparisons = compare_instances(profile, instances, args.nodes, args.total_tokens, evidence)
     written = [plot_compare(profile.name, args.nodes, comparisons, plot)] if plot is not None else []
     if args.output_format == JSON:
         print_json({"profile": profile.name, "nodes": args.nodes, "instances": [row.to_json() for row in comparisons]})

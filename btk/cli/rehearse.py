@@ -143,7 +143,7 @@ def _judge(reader: Any, run: Any, execution: str, status: str, store: Path, out:
     checks = judge(run.gate, job)
     for check in checks:
         out.write(f"  {'pass' if check.passed else 'FAIL'}  {check.line}\n")
-    for line in described(job):
+    for line in described(run.gate, job):
         out.write(f"  info  {line}\n")
     rung = held_rung(job)
     if rung:

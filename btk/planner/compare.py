@@ -13,6 +13,10 @@ can take: from one more than the rows cheaper by more than that, to that plus th
 cannot be told apart from (``1-3``; a single number where the place is certain). Rows that
 cannot be told apart always have overlapping ranges. A row whose band is unknown (the
 question lies outside the published evidence) is not ranked at all.
+
+**The team's evidence.** Where the team measured the profile's model on an instance type
+(:mod:`btk.planner.evidence`), that row's speed, MFU and costs are the corrected prediction and
+its band the one those runs support, so the ranking uses what the team measured.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from btk.errors import InfeasiblePlanError
+from btk.evidence import Evidence
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
 from btk.planner.band import ErrorBand, band_for
-from btk.planner.cost import TrainingCost
+from btk.planner.cost import TrainingCost, training_cost
+from btk.planner.evidence import EvidenceCorrection, correct_plan
 from btk.planner.search import longest_sequence_one_node, plan_profile
 from btk.profile import ModelProfile
 
@@ -83,10 +89,25 @@ class InstanceComparison:
     """Why no knob set fits (only when ``planned`` is None)."""
     cost_rank: CostRank | None = None
     """Set by :func:`rank_by_cost`; None where the row does not fit or its band is unknown."""
+    correction: EvidenceCorrection | None = None
+    """The team's measured runs of the model on this instance type, which ``planned`` is corrected by."""
+    predicted_tokens_per_second_per_gpu: float | None = None
+    """The planner's own figure, before the team's evidence (set with ``correction``)."""
 
     @property
     def fits(self) -> bool:
         return self.planned is not None
+
+    @property
+    def speed_band(self) -> float | None:
+        """The relative half-width of the row's tokens/s: the team's evidence's where it has some, else the
+        published band's (None outside the published evidence)."""
+        return self.correction.band if self.correction is not None else self.band.tokens_per_second
+
+    def describe_band(self) -> str:
+        if self.correction is not None and self.predicted_tokens_per_second_per_gpu is not None:
+            return f"team's evidence: {self.correction.describe(self.predicted_tokens_per_second_per_gpu)}"
+        return self.band.describe()
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``btk compare --format json`` row."""
@@ -113,6 +134,8 @@ class InstanceComparison:
             "cost_rank_worst": rank.worst if rank is not None else None,
             "indistinguishable_from": list(rank.indistinguishable_from) if rank is not None else None,
             "error_band": self.band.as_json(),
+            "evidence": self.correction.as_json(self.predicted_tokens_per_second_per_gpu)
+            if self.correction is not None and self.predicted_tokens_per_second_per_gpu is not None else None,
         }
 
 
@@ -123,8 +146,10 @@ def with_total_tokens(profile: ModelProfile, total_tokens: int | None) -> ModelP
     return profile.model_copy(update={"training": profile.training.model_copy(update={"total_tokens": total_tokens})})
 
 
-def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) -> InstanceComparison:
-    """The best plan of ``profile`` on ``nodes`` x ``instance``, or the reason none fits."""
+def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int,
+                     evidence: Evidence | None = None) -> InstanceComparison:
+    """The best plan of ``profile`` on ``nodes`` x ``instance``, or the reason none fits; corrected by the team's
+    runs of the model on the instance type in ``evidence`` where there are some."""
     longest = longest_sequence_one_node(profile, instance)
     gpu = instance.gpu.name
     band = band_for(instance, profile.parameter_count, profile.training.seq_len, nodes)
@@ -133,16 +158,24 @@ def compare_instance(profile: ModelProfile, instance: InstanceType, nodes: int) 
     except InfeasiblePlanError as error:
         return InstanceComparison(instance.name, gpu, longest, None, band, str(error))
     estimate = plan.evaluation.estimate
+    correction = correct_plan(plan, evidence) if evidence is not None else None
+    factor = correction.factor if correction is not None else 1.0
+    cost = plan.training_cost()
+    if cost is not None and correction is not None:
+        cost = training_cost(cost.total_tokens, estimate.tokens_per_second_per_gpu * factor,
+                             nodes * instance.gpus_per_node, cost.on_demand_usd / cost.training_hours)
     planned = PlannedFigures(
         knobs=plan.knobs,
-        tokens_per_second_per_gpu=estimate.tokens_per_second_per_gpu,
-        tokens_per_second_per_node=estimate.tokens_per_second_per_gpu * instance.gpus_per_node,
-        mfu=estimate.mfu,
-        usd_per_billion_tokens=estimate.usd_per_billion_tokens,
+        tokens_per_second_per_gpu=estimate.tokens_per_second_per_gpu * factor,
+        tokens_per_second_per_node=estimate.tokens_per_second_per_gpu * factor * instance.gpus_per_node,
+        mfu=estimate.mfu * factor,
+        usd_per_billion_tokens=estimate.usd_per_billion_tokens / factor,
         memory_gib=plan.evaluation.memory.total,
-        training_cost=plan.training_cost(),
+        training_cost=cost,
     )
-    return InstanceComparison(instance.name, gpu, longest, planned, band)
+    return InstanceComparison(instance.name, gpu, longest, planned, band, correction=correction,
+                              predicted_tokens_per_second_per_gpu=estimate.tokens_per_second_per_gpu
+                              if correction is not None else None)
 
 
 def _cost(row: InstanceComparison) -> float:
@@ -152,7 +185,7 @@ def _cost(row: InstanceComparison) -> float:
 
 def distinguishable(cheaper: InstanceComparison, costlier: InstanceComparison) -> bool:
     """Whether ``costlier`` costs more than ``cheaper`` by more than the wider of their tokens/s bands."""
-    band = max(cheaper.band.tokens_per_second or 0.0, costlier.band.tokens_per_second or 0.0)
+    band = max(cheaper.speed_band or 0.0, costlier.speed_band or 0.0)
     return _cost(costlier) / _cost(cheaper) - 1 > band
 
 
@@ -164,7 +197,7 @@ def rank_by_cost(rows: Sequence[InstanceComparison]) -> list[InstanceComparison]
     and each pushes the row's worst place back by one (:class:`CostRank`).
     """
     fitting = sorted((row for row in rows if row.planned is not None), key=lambda row: (_cost(row), row.instance_type))
-    banded = [row for row in fitting if row.band.tokens_per_second is not None]
+    banded = [row for row in fitting if row.speed_band is not None]
     ranked = []
     for row in banded:
         cheaper = [other for other in banded if _cost(other) < _cost(row) and distinguishable(other, row)]
@@ -175,16 +208,18 @@ def rank_by_cost(rows: Sequence[InstanceComparison]) -> list[InstanceComparison]
             and not distinguishable(*sorted((other, row), key=lambda r: (_cost(r), r.instance_type)))
         )
         ranked.append(replace(row, cost_rank=CostRank(1 + len(cheaper), same)))
-    unbanded = [row for row in fitting if row.band.tokens_per_second is None]
+    unbanded = [row for row in fitting if row.speed_band is None]
     return ranked + unbanded + [row for row in rows if row.planned is None]
 
 
 def compare_instances(
-    profile: ModelProfile, instances: Sequence[InstanceType], nodes: int, total_tokens: int | None = None
+    profile: ModelProfile, instances: Sequence[InstanceType], nodes: int, total_tokens: int | None = None,
+    evidence: Evidence | None = None,
 ) -> list[InstanceComparison]:
     """One comparison per instance type, ranked by cost (:func:`rank_by_cost`).
 
-    ``total_tokens`` replaces the profile's ``training.total_tokens`` in the cost to train.
+    ``total_tokens`` replaces the profile's ``training.total_tokens`` in the cost to train; ``evidence``: the
+    team's measured runs, which correct the rows of the instance types they ran on.
     """
     profile = with_total_tokens(profile, total_tokens)
-    return rank_by_cost([compare_instance(profile, instance, nodes) for instance in instances])
+    return rank_by_cost([compare_instance(profile, instance, nodes, evidence) for instance in instances])

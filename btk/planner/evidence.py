@@ -29,6 +29,7 @@ from btk.planner.band import TARGET_COVERAGE, ErrorBand
 from btk.profile import ModelArchitecture
 
 if TYPE_CHECKING:
+    from btk.hardware import InstanceType
     from btk.planner.search import Plan
 
 WITHIN_SETUP_SCATTER = 0.11
@@ -113,12 +114,18 @@ def rehearsal_record_line(runs: Sequence[str], instance_type: str, store: object
             " and record it (btk report --record-evidence)")
 
 
-def correct_plan(plan: Plan, evidence: Evidence) -> EvidenceCorrection | None:
-    """``plan``'s prediction corrected by the evidence's runs of its architecture on its instance type."""
+def correct_prediction(architecture: ModelArchitecture, instance: InstanceType, band: ErrorBand,
+                       evidence: Evidence) -> EvidenceCorrection | None:
+    """A prediction for ``architecture`` on ``instance`` (published band ``band``) corrected by the evidence's runs
+    of that architecture on that instance type; None without any."""
     from btk.planner.throughput import estimate_throughput
 
-    architecture, instance = plan.profile.architecture, plan.instance
     pairs = [(run.id, run.tokens_per_second_per_gpu,
               estimate_throughput(architecture, run.knobs, instance, run.nodes).tokens_per_second_per_gpu)
              for run in matching_runs(evidence, architecture, instance.name)]
-    return correct(plan.band, pairs)
+    return correct(band, pairs)
+
+
+def correct_plan(plan: Plan, evidence: Evidence) -> EvidenceCorrection | None:
+    """``plan``'s prediction corrected by the evidence's runs of its architecture on its instance type."""
+    return correct_prediction(plan.profile.architecture, plan.instance, plan.band, evidence)

@@ -204,7 +204,7 @@ def compare_figure(profile: str, nodes: int, comparisons: Sequence[InstanceCompa
     prices = [c.planned.usd_per_billion_tokens for c in fitting if c.planned is not None]
     figure, axis = plt.subplots(figsize=(_figure_width(labels), 6.0), layout="constrained")
     axis.bar(range(len(speeds)), speeds, color="tab:blue", label="tokens/s/GPU")
-    _band_bars(axis, speeds, [c.band.tokens_per_second for c in fitting], "tokens/s error band")
+    _band_bars(axis, speeds, [c.speed_band for c in fitting], "tokens/s error band")
     axis.set_ylabel("tokens/s per GPU")
     axis.set_xticks(range(len(labels)), labels, fontsize=TICK_FONT_SIZE)
     right = _right_axis_line(axis, prices, "$ per billion tokens (on demand)")

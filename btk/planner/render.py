@@ -319,5 +319,8 @@ def render_compare(profile: str, nodes: int, comparisons: Sequence[InstanceCompa
             "--format json adds the training plans it takes (their fees are not in the catalog)"
         )
     bands = ["error bands (how far the model missed published runs it was not fitted to):"]
-    bands += [f"  {c.instance_type:22} {c.band.describe()}" for c in comparisons]
+    bands += [f"  {c.instance_type:22} {c.describe_band()}" for c in comparisons]
+    corrected = [c.instance_type for c in comparisons if c.correction is not None]
+    if corrected:
+        notes.append(f"corrected by the team's measured runs (speed, MFU and costs): {', '.join(corrected)}")
     return "\n".join(lines + COMPARE_TABLE.text(comparisons) + notes + bands)

@@ -612,10 +612,16 @@ class RehearsalGate:
     max_peak_memory_gib: float
     """Peak allocated memory per GPU the rehearsal may reach (:func:`rehearsal_memory_limit_gib`)."""
     require_falling_loss: bool
+    predicted_mfu: float
+    """The planner's MFU for the rehearsal (of the dense bf16 peak), printed beside the measured one."""
+    predicted_memory_gib: float
+    """The planner's peak memory per GPU for the rehearsal, printed beside the measured one."""
 
     def as_json(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "steps": self.steps,
                 "predicted_tokens_per_second_per_gpu": round(self.predicted_tokens_per_second_per_gpu, 1),
+                "predicted_mfu": round(self.predicted_mfu, 4),
+                "predicted_memory_gib": round(self.predicted_memory_gib, 1),
                 "min_tokens_per_second_per_gpu": self.min_tokens_per_second_per_gpu,
                 "max_peak_memory_gib": self.max_peak_memory_gib, "require_falling_loss": self.require_falling_loss,
                 "training_seconds": round(self.training_seconds), "usd": round(self.usd, 2)}
@@ -631,7 +637,8 @@ def rehearsal_gate(plan: Plan, steps: int, min_throughput_share: float, *,
     seconds = steps * evaluation.estimate.step_seconds
     return RehearsalGate(nodes, steps, predicted, rehearsal_threshold(predicted, min_throughput_share), seconds,
                          seconds / 3600 * nodes * plan.instance.usd_per_hour.value,
-                         rehearsal_memory_limit_gib(plan.instance), require_falling_loss)
+                         rehearsal_memory_limit_gib(plan.instance), require_falling_loss,
+                         evaluation.estimate.mfu, evaluation.memory.total)
 
 
 def rehearsal_memory_limit_gib(instance: InstanceType) -> float:

@@ -141,3 +141,40 @@ def test_a_plan_that_buys_capacity_says_whether_its_model_was_rehearsed(capsys: 
     code, out, _ = run(capsys, "plan", "--env", fixture_catalog.STAGING.name, "--evidence", str(store),
                        "--format", "json")
     assert all(plan["runs_on_record"] is None for plan in json.loads(out))
+
+
+def test_estimate_and_compare_are_corrected_where_the_team_measured(capsys: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """The what-if and the comparison use the team's runs too: the row of the instance type they ran on gets the
+    corrected speed, costs and band (and its rank follows), the others stay the planner's."""
+    store = _write(tmp_path / "evidence.json", _runs(9000.0, 9300.0))  # far below the planner's B200 figure
+    code, out, _ = run(capsys, "estimate", "llama3.1-8b", "--format", "json")
+    plain = json.loads(out)
+    assert code == 0 and plain["evidence"] is None
+    code, out, _ = run(capsys, "estimate", "llama3.1-8b", "--evidence", str(store), "--format", "json")
+    corrected = json.loads(out)["evidence"]
+    predicted = plain["estimate"]["tokens_per_second_per_gpu"]
+    assert corrected["runs"] == ["btk-prod-llama3.1-8b-reh-0", "btk-prod-llama3.1-8b-reh-1"]
+    assert 9000.0 < corrected["tokens_per_second_per_gpu"] < predicted and corrected["factor"] < 1
+    code, out, _ = run(capsys, "estimate", "llama3.1-8b", "--evidence", str(store))
+    assert code == 0 and "team's evidence: 2 measured run(s) of this model on this instance type" in out
+    assert "per billion tokens at that speed" in out
+
+    instances = "ml.p5.48xlarge,ml.p6-b200.48xlarge"
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", instances, "--format", "json")
+    before = {row["instance_type"]: row for row in json.loads(out)["instances"]}
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", instances, "--evidence", str(store),
+                       "--format", "json")
+    after = {row["instance_type"]: row for row in json.loads(out)["instances"]}
+    ranking = ("cost_rank", "cost_rank_worst", "indistinguishable_from")  # may move with the B200 row
+    assert after["ml.p5.48xlarge"] == before["ml.p5.48xlarge"] | {key: after["ml.p5.48xlarge"][key] for key in ranking}
+    b200, factor = after[B200], after[B200]["evidence"]["factor"]
+    # (the JSON's factor is rounded to 4 digits)
+    assert b200["tokens_per_second_per_gpu"] == pytest.approx(before[B200]["tokens_per_second_per_gpu"] * factor,
+                                                              rel=1e-3)
+    assert b200["usd_per_billion_tokens"] == pytest.approx(before[B200]["usd_per_billion_tokens"] / factor, rel=1e-3)
+    assert b200["training_cost"]["on_demand"]["usd"] == pytest.approx(
+        before[B200]["training_cost"]["on_demand"]["usd"] / factor, rel=1e-3)
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", instances, "--evidence", str(store))
+    assert f"corrected by the team's measured runs (speed, MFU and costs): {B200}" in out
+    assert f"  {B200:22} team's evidence: 2 measured run(s)" in out

@@ -29,6 +29,7 @@ FITTING_KEYS = [
     "cost_rank_worst",
     "indistinguishable_from",
     "error_band",
+    "evidence",
 ]
 
 

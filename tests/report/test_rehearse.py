@@ -42,7 +42,7 @@ def _job(speed: float, *, memory: float = 60.0, loss_drop: float = 1.5, status: 
     metrics = [{"MetricName": name, "Value": value, "Timestamp": when} for name, value in (
         ("train:tokens_per_second_per_gpu", speed), ("train:nonfinite_steps", 0.0),
         ("train:peak_memory_gib", memory), ("train:loss_drop", loss_drop), ("train:first_step_seconds", 412.5),
-        ("train:step_time_spread", 0.031), ("train:peak_reserved_gib", memory + 4.5))]
+        ("train:step_time_spread", 0.031), ("train:peak_reserved_gib", memory + 4.5), ("train:mfu", 0.4123))]
     return describe(JOB, profile=PROFILE, status=status, secondary=status, created=june(15, 8), knobs=KNOBS_1B,
                     phases=transitions(june(15, 8), ("Training", 30, "Training"), (status, None, status)),
                     final_metrics=None if failure else metrics, failure_reason=failure)
@@ -99,9 +99,12 @@ def test_a_rehearsal_that_passes_is_recorded_as_one(sagemaker_and_stubber: tuple
     assert lines[0].startswith(f"rehearsal of btk-dev-llama3-2-1b: {gate.steps} steps on {gate.nodes} x ")
     assert lines[1] == f"started {EXECUTION}"
     assert [line.split()[0] for line in lines[2:6]] == ["pass"] * 4
-    assert lines[6:9] == ["  info  time to the first step 412 s (model build, data check and compilation included)",
-                          "  info  step time spread 3.1% over the metric windows after the first",
-                          "  info  peak reserved memory 64.50 GiB/GPU (allocated 60.00)"]
+    assert lines[6:10] == [f"  info  MFU 41.2% of dense bf16 (plan {gate.predicted_mfu:.1%})",
+                           "  info  time to the first step 412 s (model build, data check and compilation included)",
+                           "  info  step time spread 3.1% over the metric windows after the first",
+                           "  info  peak reserved memory 64.50 GiB/GPU (allocated 60.00; plan "
+                           f"{gate.predicted_memory_gib:,.1f} allocated)"]
+    assert 0 < gate.predicted_mfu < 1 and 0 < gate.predicted_memory_gib <= gate.max_peak_memory_gib
     assert lines[-1] == f"rehearsal passed: training job {JOB}"
     runs = read_evidence(tmp_path / "evidence.json").runs
     assert [(run.id, run.kind, run.profile) for run in runs] == [(JOB, "rehearsal", PROFILE)]
