@@ -127,6 +127,24 @@ def project_context() -> dict[str, Any]:
     return context
 
 
+def refuse_an_unrehearsed_purchase(env_config: EnvironmentConfig, context: Mapping[str, Any]) -> None:
+    """With ``-c require_rehearsal=true``, an environment that buys its training plan at deploy (``capacity`` mode
+    ``reserve``) synthesizes only if the team's evidence store holds a measured run of each profile's model on its
+    instance type (``BTK_EVIDENCE``, else ``btk-evidence.json`` here); one line naming every other profile else.
+    Without the flag the plan ``make synth`` prints says ``rehearsed``/``not rehearsed`` for each."""
+    from btk.evidence import evidence_path, read_evidence
+    from btk.planner.evidence import REQUIRE_REHEARSAL_CONTEXT, context_flag, refuse_unrehearsed_purchase
+
+    flag = context.get(REQUIRE_REHEARSAL_CONTEXT)
+    if flag is None or str(flag) == "" or not context_flag(REQUIRE_REHEARSAL_CONTEXT, flag):
+        return
+    if env_config.capacity.mode != "reserve":
+        return  # nothing is bought at deploy
+    store = evidence_path()
+    profiles = [(name, get_profile(name).architecture) for name in env_config.profiles]
+    refuse_unrehearsed_purchase(env_config.name, profiles, env_config.instance_type, read_evidence(store), store)
+
+
 def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = None) -> Any:
     """Validate the environment from ``context``, then build the app with cdk-nag applied.
 
@@ -140,6 +158,7 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     context = cli_context() if context is None else {**project_context(), **context}
     app_context = None if from_cli else dict(context)
     env_config = load_environment(context)
+    refuse_an_unrehearsed_purchase(env_config, context)
     from stacks.boundary_stack import BOUNDARY_CONTEXT, add_boundary_stack
     from training_constructs.nag import apply_nag
 

@@ -178,3 +178,41 @@ def test_estimate_and_compare_are_corrected_where_the_team_measured(capsys: pyte
     code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", instances, "--evidence", str(store))
     assert f"corrected by the team's measured runs (speed, MFU and costs): {B200}" in out
     assert f"  {B200:22} team's evidence: 2 measured run(s)" in out
+
+
+@pytest.mark.parametrize("flag", [True, "true", "TRUE"])
+def test_a_deploy_that_buys_refuses_unrehearsed_profiles_with_the_flag(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: Any) -> None:
+    """``-c require_rehearsal=true``: an environment that buys its training plan at deploy synthesizes only once
+    each profile's model has a measured run on the instance type in the evidence store; one line naming every
+    profile without one. Without the flag, or where nothing is bought, nothing is checked."""
+    from datetime import UTC, datetime
+
+    from app import refuse_an_unrehearsed_purchase
+    from btk.environment import ReservePlanCapacity
+    from btk.errors import BtkError
+
+    reserve = fixture_catalog.STAGING.model_copy(update={
+        "name": "buying", "profiles": ("llama3.1-8b", "llama3.2-3b"), "instance_count": 1,
+        "instance_type": B200,
+        "capacity": ReservePlanCapacity(start_after=datetime(2027, 1, 4, tzinfo=UTC), duration_hours=168,
+                                        instance_count=1, max_upfront_fee=50_000, purchase_approved=True)})
+    store = tmp_path / "evidence.json"
+    monkeypatch.setenv("BTK_EVIDENCE", str(store))
+    with pytest.raises(BtkError) as refused:
+        refuse_an_unrehearsed_purchase(reserve, {"require_rehearsal": flag})
+    assert str(refused.value) == (
+        f"-c require_rehearsal=true: environment buying buys a training plan at deploy, and llama3.1-8b, llama3.2-3b "
+        f"have no measured run on {B200} in {store}: rehearse on demand first (btk rehearse PROFILE --env ENV), or "
+        "bring the team's runs (btk evidence pull --env buying)")
+    _write(store, _runs(15000.0))
+    with pytest.raises(BtkError, match=r"and llama3\.2-3b has no measured run"):
+        refuse_an_unrehearsed_purchase(reserve, {"require_rehearsal": flag})
+    both = _runs(15000.0)
+    both["runs"] += runs_document(9000.0, profile="llama3.2-3b")["runs"]
+    _write(store, both)
+    refuse_an_unrehearsed_purchase(reserve, {"require_rehearsal": flag})  # every profile rehearsed: synthesizes
+    _write(store, {"version": 1, "runs": []})
+    refuse_an_unrehearsed_purchase(reserve, {})  # no flag
+    refuse_an_unrehearsed_purchase(reserve, {"require_rehearsal": "false"})
+    refuse_an_unrehearsed_purchase(fixture_catalog.STAGING, {"require_rehearsal": flag})  # buys nothing at deploy

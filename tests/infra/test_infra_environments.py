@@ -193,6 +193,7 @@ def _run_app(context: dict[str, Any]) -> subprocess.CompletedProcess[str]:
          f"btk: error: environments.py with -c availability_zone={OTHER_REGION}a: environment {ENV.name!r}: "),
         ({"env": ENV.name, "profiles": "gpt-x"},
          f"btk: error: environments.py with -c profiles=gpt-x: environment {ENV.name!r}: profiles: unknown profile"),
+        ({"env": ENV.name, "require_rehearsal": "maybe"}, "btk: error: -c require_rehearsal=maybe: give true or false"),
     ],
 )
 def test_app_exits_2_with_one_line(context: dict[str, Any], expected: str) -> None:
