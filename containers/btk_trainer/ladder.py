@@ -13,6 +13,11 @@ knobs no longer change: an out-of-memory there fails the job in one line. A rest
 file does not account for (the previous attempt failed for another reason) fails at once, so
 torchrun's restarts are spent on memory only and a real error is not retried.
 
+The rung a job trains on is recorded beside its checkpoints (:data:`RUNG_RECORD`, :func:`record_rung`): a
+later job of the same execution that resumes from them (a retry after a capacity error, a spot
+interruption) trains on the rung they were written on (:func:`resumed_rung`), whatever rung it
+would start on itself, so nothing past the first checkpoint changes.
+
 Multi-node jobs get no restarts (torchrun's static rendezvous restarts one node's processes, not
 the other nodes'): there an out-of-memory fails the job naming the next rung to plan with.
 """
@@ -29,6 +34,8 @@ from btk.hyperparameters import JobHyperparameters
 from btk.knobs import TrainingKnobs
 
 LADDER_STATE_ENV = "BTK_LADDER_STATE"
+RUNG_RECORD = "KNOB_RUNG.json"
+"""Beside the checkpoints (synced to S3 with them): ``{"rung": N}``, the rung the job writing them trained on."""
 DEFAULT_LADDER_STATE = Path("/tmp/btk/knob_ladder.json")
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 for the first attempt, then 1, 2, ...
 EXIT_STEP_DOWN = 75
@@ -101,3 +108,37 @@ def step_down(path: Path | None, spec: JobHyperparameters, rung: int, restart: i
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, state.model_dump_json())
     return True, f"{failed}; restarting on rung {rung + 1}: {describe(following)}"
+
+
+class RungRecord(BaseModel):
+    """The rung the checkpoints beside it were written on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rung: int = Field(ge=0)
+
+
+def record_rung(checkpoint_dir: Path, rung: int) -> None:
+    """Say which rung this job trains on beside its checkpoints (before the first is written)."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(checkpoint_dir / RUNG_RECORD, RungRecord(rung=rung).model_dump_json())
+
+
+def resumed_rung(checkpoint_dir: Path | None, spec: JobHyperparameters, rung: int) -> tuple[int, str | None]:
+    """The rung to train on where this job resumes from checkpoints another job wrote on another rung (their
+    record's, and why), else ``(rung, None)``. No checkpoint, no record, or a record this ladder does not have:
+    ``rung`` stands."""
+    from btk_trainer.checkpoint import latest_checkpoint
+
+    if checkpoint_dir is None:
+        return rung, None
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        return rung, None
+    try:
+        recorded = RungRecord.model_validate_json((checkpoint_dir / RUNG_RECORD).read_bytes()).rung
+    except (OSError, ValidationError):
+        return rung, None
+    if recorded == rung or recorded >= len(rungs(spec)):
+        return rung, None
+    return recorded, f"its checkpoints up to step {latest[0]} were written on it: the knobs do not change past one"

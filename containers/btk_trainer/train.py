@@ -59,6 +59,8 @@ from btk_trainer.ladder import (
     current_rung,
     describe,
     on_rung,
+    record_rung,
+    resumed_rung,
     rungs,
     step_down,
 )
@@ -863,6 +865,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = load_hyperparameters(args.hyperparameters)
         rung, reason = current_rung(args.ladder_state, restart, spec)
+        rung, resumed = resumed_rung(args.checkpoint_dir, spec, rung)
+        reason = resumed or reason
+        if args.checkpoint_dir is not None and len(rungs(spec)) > 1 and os.environ.get("LOCAL_RANK", "0") == "0":
+            record_rung(args.checkpoint_dir, rung)  # each node's copy: SageMaker syncs its checkpoint folder
         if os.environ.get("RANK", "0") == "0" and len(rungs(spec)) > 1:
             if rung:
                 print(f"btk: knob ladder rung {rung} of {len(rungs(spec)) - 1} ({reason}): "

@@ -221,3 +221,41 @@ def test_one_node_restarts_once_per_rung_below_the_start(tmp_path: Path) -> None
     (tmp_path / "train").mkdir()
     plan = build_launch(config, {"BTK_NUM_GPUS": "8"}, data_dir=tmp_path / "train")
     assert [arg for arg in plan.command if arg.startswith("--max-restarts")] == ["--max-restarts=1"]
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_job_that_resumes_trains_on_the_rung_its_checkpoints_were_written_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job steps down to rung 1 and checkpoints there; the next job of the execution (a retry after a capacity
+    error: a new job, its first attempt) resumes on rung 1, not on the rung it would start on (the plan's)."""
+    from btk_trainer.ladder import RUNG_RECORD
+
+    spec = _laddered()
+    ran = _out_of_memory_above(monkeypatch, 2)
+    assert _attempt(tmp_path, monkeypatch, 0, spec) == EXIT_STEP_DOWN
+    assert json.loads((tmp_path / "ckpt" / RUNG_RECORD).read_text()) == {"rung": 0}
+    stopped = spec.model_copy(update={"job": spec.job.model_copy(update={"max_steps": 3})})
+    assert _attempt(tmp_path, monkeypatch, 1, stopped) == 0  # rung 1: checkpoint at step 3, then the job ends
+    assert json.loads((tmp_path / "ckpt" / RUNG_RECORD).read_text()) == {"rung": 1}
+    capsys.readouterr()
+    ran.clear()
+    assert _attempt(tmp_path, monkeypatch, 0, spec) == 0  # the retry: resumes from step 3 on rung 1
+    out = capsys.readouterr().out
+    assert ("btk: knob ladder rung 1 of 2 (its checkpoints up to step 3 were written on it: the knobs do not change "
+            "past one)") in out
+    assert "btk_metric knob_rung=1" in out.splitlines() and ran == [2]
+
+
+def test_a_record_the_ladder_does_not_have_leaves_the_rung(tmp_path: Path) -> None:
+    from btk_trainer.ladder import RUNG_RECORD, resumed_rung
+
+    spec = _laddered()
+    assert resumed_rung(tmp_path, spec, 0) == (0, None)  # no checkpoint
+    (tmp_path / "step_00000003").mkdir()
+    (tmp_path / "step_00000003" / "COMPLETE").write_text("{}")
+    assert resumed_rung(tmp_path, spec, 0) == (0, None)  # no record (a job from before records existed)
+    for text in ('{"rung": 7}', '{"rung": -1}', "{", '{"rung": 1, "x": 2}'):
+        (tmp_path / RUNG_RECORD).write_text(text)
+        assert resumed_rung(tmp_path, spec, 0) == (0, None), text
+    (tmp_path / RUNG_RECORD).write_text('{"rung": 2}')
+    assert resumed_rung(tmp_path, spec, 0)[0] == 2
