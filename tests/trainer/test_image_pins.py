@@ -127,3 +127,29 @@ def test_torchao_build_links_the_base_images_cuda_major() -> None:
               for major in re.findall(rb"libcudart\.so\.(\d+)", library.read_bytes())}
     assert linked, "torchao ships no CUDA kernels: check which build was installed"
     assert linked == {base_cuda_major(base_image(DOCKERFILE.read_text()))}, linked
+
+
+def _resolve_on_the_index(lock: Path, target: Path) -> tuple[int, str]:
+    """Whether every pin of ``lock`` is on PyPI for the image (Python 3.12, manylinux x86_64): uv's dry run
+    reads the index's metadata and downloads no wheel."""
+    import subprocess
+    import sys
+
+    uv = Path(sys.executable).parent / "uv"
+    result = subprocess.run(
+        [str(uv), "pip", "install", "--dry-run", "--no-deps", "--index-url", "https://pypi.org/simple",
+         "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.12", "--target", str(target),
+         "-r", str(lock)], capture_output=True, text=True, timeout=300, check=False)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_every_pin_of_the_lock_is_on_the_index_for_the_image(tmp_path: Path) -> None:
+    """What the GPU benchmark's fresh environment and the image install: each pin, as a wheel for the image's
+    platform, on the index the lock was compiled from; a pin the index lacks is named."""
+    code, output = _resolve_on_the_index(LOCK, tmp_path / "target")
+    assert code == 0, output[-3000:]
+    assert all(f"{name}=={version}" in output for name, version in lock_pins(LOCK.read_text()).items())
+    missing = tmp_path / "missing.lock"
+    missing.write_text(re.sub(r"^torchao==\S+ \\$", "torchao==0.18.99 \\\\", LOCK.read_text(), flags=re.MULTILINE))
+    code, output = _resolve_on_the_index(missing, tmp_path / "target")
+    assert code != 0 and "torchao==0.18.99" in output
