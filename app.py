@@ -127,13 +127,27 @@ def project_context() -> dict[str, Any]:
     return context
 
 
+REQUIRE_REHEARSAL_CONTEXT = "require_rehearsal"
+"""``-c require_rehearsal=true``: a deploy that buys a training plan refuses while a profile is unrehearsed."""
+
+
+def context_flag(key: str, value: object) -> bool:
+    """A boolean CDK context value: ``true``/``false`` as text (``-c key=true``) or JSON (cdk.json); one line else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise BtkError(f"-c {key}={value}: give true or false")
+
+
 def refuse_an_unrehearsed_purchase(env_config: EnvironmentConfig, context: Mapping[str, Any]) -> None:
     """With ``-c require_rehearsal=true``, an environment that buys its training plan at deploy (``capacity`` mode
     ``reserve``) synthesizes only if the team's evidence store holds a measured run of each profile's model on its
     instance type (``BTK_EVIDENCE``, else ``btk-evidence.json`` here); one line naming every other profile else.
     Without the flag the plan ``make synth`` prints says ``rehearsed``/``not rehearsed`` for each."""
     from btk.evidence import evidence_path, read_evidence
-    from btk.planner.evidence import REQUIRE_REHEARSAL_CONTEXT, context_flag, refuse_unrehearsed_purchase
+    from btk.planner.evidence import refuse_unrehearsed_purchase
 
     flag = context.get(REQUIRE_REHEARSAL_CONTEXT)
     if flag is None or str(flag) == "" or not context_flag(REQUIRE_REHEARSAL_CONTEXT, flag):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from btk.aws_clients import ClientFactory
+from btk.doctor.aws import error_details
 from btk.environment import EnvironmentConfig
 from btk.errors import BtkError
 from btk.evidence import Evidence, parse_evidence
@@ -78,7 +79,7 @@ def read_bucket_evidence(clients: ClientFactory, bucket: str) -> BucketEvidence:
             raise BtkError(f"{uri}: {length:,} bytes is not an evidence file (at most {MAX_EVIDENCE_BYTES:,})")
         body = answer["Body"].read(MAX_EVIDENCE_BYTES + 1)
     except ClientError as error:
-        code, message = _code(error)
+        code, message = error_details(error)
         if code in ("NoSuchKey", "404"):
             return BucketEvidence(uri, Evidence(), None)
         raise _s3_failure("s3:GetObject", uri, code, message) from None
@@ -102,17 +103,12 @@ def write_bucket_evidence(clients: ClientFactory, bucket: str, evidence: Evidenc
         clients("s3").put_object(Bucket=bucket, Key=EVIDENCE_KEY, Body=body, ContentType="application/json",
                                  **condition)
     except ClientError as error:
-        code, message = _code(error)
+        code, message = error_details(error)
         if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
             raise BtkError(f"{read.uri} changed while this push merged it (someone else pushed): push again") from None
         raise _s3_failure("s3:PutObject", read.uri, code, message) from None
     except call_failures() as error:
         raise BtkError(f"s3:PutObject {read.uri} failed: {call_failure_line(error)}") from None
-
-
-def _code(error: Any) -> tuple[str, str]:
-    details = getattr(error, "response", {}).get("Error", {})
-    return str(details.get("Code", "")), " ".join(str(details.get("Message", "")).split("\n")[0].split())
 
 
 def _s3_failure(action: str, uri: str, code: str, message: str) -> BtkError:

@@ -78,7 +78,8 @@ def iam_action(client: Any, operation: str) -> str:
     return f"{meta.service_model.signing_name}:{meta.method_to_api_mapping[operation]}"
 
 
-def _error_details(error: Exception) -> tuple[str, str]:
+def error_details(error: Exception) -> tuple[str, str]:
+    """The code and the first line of the message of an AWS error answer (botocore's ``ClientError``)."""
     details = getattr(error, "response", {}).get("Error", {})
     message = " ".join(str(details.get("Message", "")).split("\n")[0].split())
     return str(details.get("Code", "")), message
@@ -134,7 +135,7 @@ class Caller:
             try:
                 return getattr(self._clients(service), operation)(**params)
             except ClientError as error:
-                code, message = _error_details(error)
+                code, message = error_details(error)
                 if code in THROTTLING_CODES and attempt < self._max_attempts:
                     self._sleep(min(self._max_delay, self._base_delay * 2 ** (attempt - 1)))
                     continue

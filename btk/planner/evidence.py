@@ -131,23 +131,6 @@ def correct_plan(plan: Plan, evidence: Evidence) -> EvidenceCorrection | None:
     return correct_prediction(plan.profile.architecture, plan.instance, plan.band, evidence)
 
 
-REQUIRE_REHEARSAL_CONTEXT = "require_rehearsal"
-"""The CDK context flag (``-c require_rehearsal=true``) under which a deploy that buys a training plan refuses to
-synthesize while a profile has no measured run on the instance type (:func:`refuse_unrehearsed_purchase`)."""
-
-
-def context_flag(context_key: str, value: object) -> bool:
-    """A boolean CDK context value: ``true``/``false`` as text (``-c key=true``) or JSON (cdk.json); one line else."""
-    from btk.errors import BtkError
-
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise BtkError(f"-c {context_key}={value}: give true or false")
-
-
 def refuse_unrehearsed_purchase(env_name: str, profiles: Sequence[tuple[str, ModelArchitecture]], instance_type: str,
                                 evidence: Evidence, store: object) -> None:
     """One line (BtkError) naming every profile of an environment that buys a training plan at deploy and has no
@@ -157,7 +140,7 @@ def refuse_unrehearsed_purchase(env_name: str, profiles: Sequence[tuple[str, Mod
     missing = [name for name, architecture in profiles if not runs_on_record(evidence, architecture, instance_type)]
     if missing:
         raise BtkError(
-            f"-c {REQUIRE_REHEARSAL_CONTEXT}=true: environment {env_name} buys a training plan at deploy, and "
+            f"-c require_rehearsal=true: environment {env_name} buys a training plan at deploy, and "
             f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no measured run on {instance_type} in "
             f"{store}: rehearse on demand first (btk rehearse PROFILE --env ENV), or bring the team's runs "
             f"(btk evidence pull --env {env_name})")

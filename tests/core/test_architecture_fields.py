@@ -23,7 +23,7 @@ from btk.hardware import DEFAULT_INSTANCE_TYPE, get_instance_type
 from btk.hyperparameters import JobHyperparameters, JobSettings, from_hyperparameters, known_keys, to_hyperparameters
 from btk.knobs import TrainingKnobs
 from btk.planner.search import plan_profile
-from btk.profile import HF_LAYOUTS, UNSUPPORTED_FEATURES, ModelArchitecture, ModelProfile
+from btk.profile import HF_LAYOUTS, UNSUPPORTED_FEATURES, ModelArchitecture, ModelProfile, TrainingIntent
 
 NEW_FIELDS = ModelArchitecture.LEFT_OUT_AT_DEFAULT
 
@@ -72,9 +72,9 @@ def test_every_supported_layout_round_trips_through_hyperparameters(
         num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=kv_heads if 4 % kv_heads == 0 else 1,
         ffn_hidden_size=96, vocab_size=128, max_context=256, tied_embeddings=tied, head_dim=head_dim,
         qk_norm=qk_norm, norm_placement=placement, attention_bias=bias, attention_output_bias=output_bias,
-    )  # type: ignore[arg-type]  # sampled strings are the Literal values
+    )
     spec = JobHyperparameters(knobs=TrainingKnobs(micro_batch_size=1, seq_len=64), architecture=arch,
-                              training={"seq_len": 64, "global_batch_tokens": 4096},  # type: ignore[arg-type]
+                              training=TrainingIntent(seq_len=64, global_batch_tokens=4096),
                               job=JobSettings(profile="layout"))
     encoded = to_hyperparameters(spec)
     assert set(encoded) <= set(known_keys())
@@ -143,7 +143,7 @@ def test_the_added_fields_round_trip_through_hyperparameters(
                                   {"fused_projections": True} if fused else {"residual_multiplier": residual})
     arch = ModelArchitecture.model_validate(_architecture(num_layers=layers, **changes))
     spec = JobHyperparameters(knobs=TrainingKnobs(micro_batch_size=1, seq_len=64), architecture=arch,
-                              training={"seq_len": 64, "global_batch_tokens": 4096},  # type: ignore[arg-type]
+                              training=TrainingIntent(seq_len=64, global_batch_tokens=4096),
                               job=JobSettings(profile="added"))
     assert from_hyperparameters(to_hyperparameters(spec)) == spec
     blocks_without_rope = [index for index in range(layers) if not arch.uses_rope(index)]
