@@ -226,6 +226,12 @@ class ReservePlanCapacity(BaseModel):
     )
     duration_hours: int = Field(ge=24)
     instance_count: int
+    ultraserver_type: str | None = Field(
+        default=None,
+        description="for an instance type sold in UltraServers (ml.p6e-gb200.36xlarge): the UltraServer type "
+        "to book, e.g. ml.u-p6e-gb200x36; default the largest (btk.hardware); the plan books as many as "
+        "instance_count needs",
+    )
     max_upfront_fee: float | None = Field(
         default=None,
         gt=0,
@@ -503,6 +509,9 @@ class EnvironmentConfig(BaseModel):
                 "retries): raise it or lower "
                 "max_runtime_hours or job_retries.max_attempts",
             )
+        ultraserver = ultraserver_mismatch(self)
+        if ultraserver is not None:
+            raise FieldError("capacity.ultraserver_type", ultraserver)
         spot = spot_not_offered(self)
         if spot is not None:
             raise FieldError(
@@ -584,6 +593,28 @@ def spot_not_offered(config: EnvironmentConfig) -> str | None:
     except UnknownNameError:
         return None
     return None if offer.offered else offer.source
+
+
+def ultraserver_mismatch(config: EnvironmentConfig) -> str | None:
+    """Why the reserve capacity's ``ultraserver_type`` does not suit the instance type, or ``None``.
+
+    Instance types outside the catalog are not judged, as for spot.
+    """
+    capacity = config.capacity
+    if not isinstance(capacity, ReservePlanCapacity) or capacity.ultraserver_type is None:
+        return None
+    try:
+        instance = get_instance_type(config.instance_type)
+    except UnknownNameError:
+        return None
+    if not instance.ultraservers:
+        return (f"{instance.name} is not sold in UltraServers: remove it (only UltraServer instance types such as "
+                "ml.p6e-gb200.36xlarge take one)")
+    try:
+        instance.ultraserver(capacity.ultraserver_type)
+    except UnknownNameError as error:
+        return str(error)
+    return None
 
 
 def managed_spot_conflict(config: EnvironmentConfig) -> bool:

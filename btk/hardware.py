@@ -61,6 +61,16 @@ class GpuSpec:
     non_matmul_overhead: Fact
     attention_efficiency: Fact
     """Flash attention's rate relative to ``achieved_matmul_fraction`` (fitted, like it)."""
+    compute_capability: tuple[int, int]
+    """What ``torch.cuda.get_device_capability()`` reads on it (https://developer.nvidia.com/cuda-gpus)."""
+    evidence_family: str = ""
+    """Which published runs speak for it (the error band's GPU family); default: its architecture. A GPU
+    whose efficiency is assumed from another's fit has a family of its own, with no published run."""
+
+    @property
+    def family(self) -> str:
+        """The GPU family of the planner's error band (:attr:`evidence_family`, else the architecture)."""
+        return self.evidence_family or self.architecture
 
     @property
     def supported_precisions(self) -> tuple[str, ...]:
@@ -131,6 +141,20 @@ EFA_COLLECTIVES_ASSUMED = CollectiveTiming(
 
 
 @dataclass(frozen=True)
+class UltraServer:
+    """An UltraServer type: ``instances`` instances of one type in one NVLink domain, booked as a unit.
+
+    A training plan for an UltraServer instance type is searched and bought by UltraServer type and
+    count (SearchTrainingPlanOfferings' ``UltraServerType``/``UltraServerCount``).
+    """
+
+    name: str
+    instances: int
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
 class InstanceType:
     """A SageMaker training instance type."""
 
@@ -149,6 +173,27 @@ class InstanceType:
     managed_spot: Offer = SPOT_NOT_SHOWN
     #: How collectives between nodes of this type behave (latency, bandwidth share by node count).
     collectives: CollectiveTiming = EFA_COLLECTIVES_ASSUMED
+    #: The CPU architecture the training image is built for (``arm64`` on Grace-based instances).
+    cpu_architecture: str = "x86_64"
+    #: The UltraServer types this instance type is sold in, largest NVLink domain first (empty: none).
+    ultraservers: tuple[UltraServer, ...] = ()
+
+    @property
+    def nvlink_domain_nodes(self) -> int:
+        """How many instances of this type one NVLink domain joins (1 outside an UltraServer).
+
+        A job of at most this many instances, placed on one UltraServer, runs every collective over
+        NVLink; beyond it, collectives between UltraServers cross EFA.
+        """
+        return self.ultraservers[0].instances if self.ultraservers else 1
+
+    def ultraserver(self, name: str | None = None) -> UltraServer:
+        """The UltraServer type ``name`` (default: the largest) this instance type is sold in."""
+        for candidate in self.ultraservers:
+            if name is None or candidate.name == name:
+                return candidate
+        known = ", ".join(candidate.name for candidate in self.ultraservers) or "none"
+        raise UnknownNameError(f"{self.name} is not sold in UltraServer type {name!r}; its UltraServer types: {known}")
 
     @property
     def hbm_gib(self) -> float:
@@ -220,6 +265,63 @@ B200 = GpuSpec(
     achieved_matmul_fraction=Fact(0.5353, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.013, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(0.267, ATTENTION_ASSUMED_HOPPER, "2026-12"),
+    compute_capability=(10, 0),
+)
+
+ASSUMED_B200_FIT = "assumed equal to B200's fit: no published training run on this GPU is in docs/calibration.md"
+
+
+def _efficiency_assumed_from_b200() -> dict[str, Fact]:
+    """B200's fitted efficiency facts, marked as estimates, for a Blackwell GPU without published runs."""
+    return {
+        field: Fact(getattr(B200, field).value, ASSUMED_B200_FIT, "2026-12", estimate=True)
+        for field in ("achieved_matmul_fraction", "non_matmul_overhead", "attention_efficiency")
+    }
+
+
+def _same_peak_for_every_fp8_recipe(bf16: Fact, fp8: Fact) -> dict[str, Fact]:
+    """Dense peaks where tensorwise, rowwise and MXFP8 scaling all run at the GPU's FP8 rate."""
+    return {"bf16": bf16, "fp8_tensorwise": fp8, "fp8_rowwise": fp8, "mxfp8": fp8}
+B300_PER_GPU = (
+    "Verda 'NVIDIA GB300 NVL72: GPU Architecture & Performance', per-GPU dense table, B300 column; NVIDIA HGX B300: "
+    "72 PFLOPS FP8 and 36 PFLOPS BF16 (sparse) over 8 GPUs"
+)
+GB200_PER_GPU = (
+    "NVIDIA's GB200 figures at 1,200 W (glennklockwood.com/garden/processors/B200, dense column); AWS P6e-GB200 "
+    "UltraServers: 360 PFLOPS dense FP8 over 72 GPUs"
+)
+
+B300 = GpuSpec(
+    name="NVIDIA B300",
+    architecture="blackwell",
+    hbm_gib=Fact(268.6, "nvidia-smi on B300 SXM6 AC: 275,040 MiB per GPU (NVIDIA: 288 GB HBM3e)", "2026-09"),
+    hbm_bandwidth_tbps=Fact(8.0, "Hugging Face / AWS 'infrastructure for foundation model training': B300 288 GB "
+                            "HBM3e at 8 TB/s (Verda's table: 7.7 TB/s)", "2026-06", estimate=True),
+    dense_tflops=_same_peak_for_every_fp8_recipe(
+        bf16=Fact(2250.0, B300_PER_GPU + ": B300 FP16/BF16 2.25 PFLOPS dense", "2026-06"),
+        fp8=Fact(4500.0, B300_PER_GPU + ": B300 FP8 4.5 PFLOPS dense", "2026-06"),
+    ),
+    nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2026-06"),
+    **_efficiency_assumed_from_b200(),
+    compute_capability=(10, 3),
+    evidence_family="blackwell-ultra",
+)
+
+# The B200 of a GB200 superchip (NVL72, liquid-cooled, 1,200 W): more HBM reported and an ~11 % higher
+# clock than the HGX B200 of P6-B200.
+GB200 = GpuSpec(
+    name="NVIDIA GB200",
+    architecture="blackwell",
+    hbm_gib=Fact(185.0, "nvidia-smi on GB200 (NVL72): 189,471 MiB per GPU (NVIDIA: 186 GB HBM3e)", "2026-06"),
+    hbm_bandwidth_tbps=Fact(8.0, "NVIDIA GB200 NVL72: 576 TB/s HBM3e over 72 GPUs", "2025-07"),
+    dense_tflops=_same_peak_for_every_fp8_recipe(
+        bf16=Fact(2500.0, GB200_PER_GPU, "2025-07"), fp8=Fact(5000.0, GB200_PER_GPU, "2025-07")
+    ),
+    nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU, across the NVL72 domain",
+                                   "2025-07"),
+    **_efficiency_assumed_from_b200(),
+    compute_capability=(10, 0),
+    evidence_family="grace-blackwell",
 )
 
 H200 = GpuSpec(
@@ -236,6 +338,7 @@ H200 = GpuSpec(
     achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
+    compute_capability=(9, 0),
 )
 
 H100 = GpuSpec(
@@ -252,6 +355,7 @@ H100 = GpuSpec(
     achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
+    compute_capability=(9, 0),
 )
 
 A100_80GB = GpuSpec(
@@ -264,6 +368,7 @@ A100_80GB = GpuSpec(
     achieved_matmul_fraction=Fact(0.8065, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.039, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(0.3733, CALIBRATION_FIT, "2026-12"),
+    compute_capability=(8, 0),
 )
 
 # Reference GPU of llm-foundry's A100 40GB benchmark table (a calibration run, not a catalog instance).
@@ -277,6 +382,7 @@ A100_40GB = GpuSpec(
     achieved_matmul_fraction=A100_80GB.achieved_matmul_fraction,
     non_matmul_overhead=A100_80GB.non_matmul_overhead,
     attention_efficiency=A100_80GB.attention_efficiency,
+    compute_capability=(8, 0),
 )
 
 # Reference GPU of the torchtitan 2024-12 benchmarks: H100 with 96 GB HBM2e at 500 W.
@@ -290,9 +396,17 @@ H100_96GB_GRAND_TETON = GpuSpec(
     achieved_matmul_fraction=H100.achieved_matmul_fraction,
     non_matmul_overhead=H100.non_matmul_overhead,
     attention_efficiency=H100.attention_efficiency,
+    compute_capability=(9, 0),
 )
 
 PRICE_NOTE = "AWS on-demand list price, us-east-1, approximate; verify before budgeting"
+PRICE_ASSUMED_PER_GPU = (
+    "no AWS list price found: P6-B200's per-GPU estimate (USD 14.24 per GPU-hour) assumed; verify before budgeting"
+)
+ULTRASERVER_SOURCE = (
+    "AWS P6e-GB200 UltraServers: 36 or 72 GPUs in one NVLink domain, 4 GPUs per p6e-gb200.36xlarge instance; "
+    "SageMaker API reference, UltraServerType (e.g. ml.u-p6e-gb200x72)"
+)
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     instance.name: instance
@@ -312,6 +426,31 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
                 "2025-06",
             ),
             network_environment=EFA_NETWORK_ENVIRONMENT,
+        ),
+        InstanceType(
+            "ml.p6-b300.48xlarge",
+            B300,
+            8,
+            efa_gbps_per_node=Fact(6400.0, "AWS P6-B300: 6.4 Tbps EFAv4 per instance (8 x 800 Gbps)", "2026-06"),
+            usd_per_hour=Fact(113.93, PRICE_ASSUMED_PER_GPU, "2026-12", estimate=True),
+            aliases=("p6-b300", "b300"),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
+        ),
+        InstanceType(
+            "ml.p6e-gb200.36xlarge",
+            GB200,
+            4,
+            efa_gbps_per_node=Fact(
+                1600.0, "AWS P6e-GB200 UltraServers: 28.8 Tbps EFAv4 per 72-GPU UltraServer, 18 instances", "2025-07"
+            ),
+            usd_per_hour=Fact(56.97, PRICE_ASSUMED_PER_GPU, "2026-12", estimate=True),
+            aliases=("p6e-gb200", "gb200"),
+            network_environment=EFA_NETWORK_ENVIRONMENT,
+            cpu_architecture="arm64",
+            ultraservers=(
+                UltraServer("ml.u-p6e-gb200x72", 18, ULTRASERVER_SOURCE, "2025-07"),
+                UltraServer("ml.u-p6e-gb200x36", 9, ULTRASERVER_SOURCE, "2025-07"),
+            ),
         ),
         InstanceType(
             "ml.p5en.48xlarge",

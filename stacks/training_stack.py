@@ -14,6 +14,7 @@ from constructs import Construct
 from btk.bootstrap import boundary_policy_name
 from btk.catalog import get_profile
 from btk.environment import EnvironmentConfig
+from btk.hardware import INSTANCE_TYPES
 from btk.planner.search import plan_environment, rehearsal_nodes
 from training_constructs.data_stage import DataKey, DataKeyProps, DataStage, DataStageProps, datasets_bucket_name
 from training_constructs.execution_role import TrainingExecutionRole, TrainingExecutionRoleProps
@@ -98,7 +99,9 @@ class TrainingStack(Stack):
                 datasets_bucket_name=datasets_bucket,
             ),
         )
-        self.image = TrainingImage(self, "TrainingImage", props=TrainingImageProps(image_uri=env_config.image_uri))
+        instance = INSTANCE_TYPES.get(env_config.instance_type)  # outside the catalog, planning names the error
+        self.image = TrainingImage(self, "TrainingImage", props=TrainingImageProps(
+            image_uri=env_config.image_uri, cpu_architecture=instance.cpu_architecture if instance else "x86_64"))
         self.execution_role = TrainingExecutionRole(
             self,
             "ExecutionRole",

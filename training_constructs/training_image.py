@@ -4,7 +4,10 @@ The build context is the repository root, filtered down to what the image instal
 ``btk`` core, the profiles and ``containers/``), so the trainer uses the very same core as
 the CDK app without a vendored copy, and the asset hash changes when any of them changes.
 Synth only stages those files and hashes them (no Docker needed); ``cdk deploy`` builds the
-image for linux/amd64 and pushes it to the bootstrap ECR repository.
+image for the instance type's CPU (linux/amd64, or linux/arm64 on Grace-based P6e-GB200) and
+pushes it to the bootstrap ECR repository. The Dockerfile and the lock serve both: the CUDA base
+image is multi-architecture, the EFA installer carries both, and the lock holds every wheel's hash
+of each pin (tests/trainer/test_image_pins.py resolves it for both platforms).
 
 Teams with their own image pipeline give an ECR image URI instead (the environment's
 ``image_uri``): nothing is built, and the execution role may pull from that repository only.
@@ -52,15 +55,22 @@ class TrainingImageProps:
     :param dockerfile: the Dockerfile inside ``directory``. Default: ``containers/Dockerfile``.
     :param image_uri: an ECR image built elsewhere (``ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG``
         or ``…@sha256:DIGEST``) used instead of building one. Default: ``None`` (build).
+    :param cpu_architecture: the training instances' CPU, ``x86_64`` or ``arm64`` (the hardware catalog's
+        ``InstanceType.cpu_architecture``). Default: ``x86_64`` (linux/amd64).
     """
 
     directory: Path = DEFAULT_CONTEXT
     dockerfile: str = DEFAULT_DOCKERFILE
     image_uri: str | None = None
+    cpu_architecture: str = "x86_64"
+
+
+#: The Docker platform of each CPU architecture of the hardware catalog.
+PLATFORMS = {"x86_64": ecr_assets.Platform.LINUX_AMD64, "arm64": ecr_assets.Platform.LINUX_ARM64}
 
 
 class TrainingImage(Construct):
-    """A ``DockerImageAsset`` for linux/amd64, or an image built elsewhere.
+    """A ``DockerImageAsset`` for the training instances' platform, or an image built elsewhere.
 
     Attributes: ``asset`` (``None`` for an image built elsewhere), ``image_uri``, ``repository``.
     """
@@ -81,7 +91,7 @@ class TrainingImage(Construct):
             "Asset",
             directory=str(props.directory),
             file=props.dockerfile,
-            platform=ecr_assets.Platform.LINUX_AMD64,
+            platform=PLATFORMS[props.cpu_architecture],
             exclude=list(EXCLUDE),
             ignore_mode=IgnoreMode.DOCKER,
         )
@@ -99,6 +109,10 @@ class TrainingImage(Construct):
         )
 
     def _validate_props(self, props: TrainingImageProps) -> None:
+        if props.cpu_architecture not in PLATFORMS:
+            raise ValueError(
+                f"{self.node.path}: cpu_architecture: {props.cpu_architecture!r} is not one of {', '.join(PLATFORMS)}"
+            )
         if not (props.directory / props.dockerfile).is_file():
             raise ValueError(
                 f"{self.node.path}: dockerfile: no {props.dockerfile} in {props.directory}: add one (see containers/)"

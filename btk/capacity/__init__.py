@@ -50,6 +50,7 @@ from btk.capacity.model import (
     parse_iso,
     plan_name_prefix,
     reservation_request,
+    ultraserver_booking,
     utc,
 )
 from btk.capacity.offerings import (
@@ -134,6 +135,7 @@ __all__ = [
     "rejection",
     "reservation_request",
     "search_offerings",
+    "ultraserver_booking",
     "usable",
     "utc",
     "verify_existing_plan",

@@ -107,6 +107,10 @@ class ReservationRequest:
     duration_hours: int
     availability_zone: str
     end_before: datetime | None = None
+    ultraserver_type: str = ""
+    """For an instance type sold in UltraServers (P6e-GB200): the UltraServer type booked, e.g. ml.u-p6e-gb200x72."""
+    ultraserver_count: int = 0
+    """How many of ``ultraserver_type`` (0 without one)."""
 
     def plan_name(self) -> str:
         """Deterministic, idempotent plan name ``btk-<env>-<hash8>`` (valid for CreateTrainingPlan)."""
@@ -125,12 +129,21 @@ class ReservationRequest:
                 end,
                 str(self.duration_hours),
                 self.availability_zone,
+                # an UltraServer booking only: the names of instance bookings stay what they were
+                *((self.ultraserver_type, str(self.ultraserver_count)) if self.ultraserver_type else ()),
             )
         )
 
+    def describe_capacity(self) -> str:
+        """``2 x ml.p6-b200.48xlarge``, or for an UltraServer booking ``1 x ml.u-p6e-gb200x72 (16 x ...)``."""
+        instances = f"{self.instance_count} x {self.instance_type}"
+        if self.ultraserver_type:
+            return f"{self.ultraserver_count} x {self.ultraserver_type} ({instances})"
+        return instances
+
     def to_properties(self) -> dict[str, str]:
         """Custom-resource properties (CloudFormation passes every value as a string)."""
-        return {
+        properties = {
             "Environment": self.environment,
             "InstanceType": self.instance_type,
             "InstanceCount": str(self.instance_count),
@@ -139,6 +152,10 @@ class ReservationRequest:
             "DurationHours": str(self.duration_hours),
             "AvailabilityZone": self.availability_zone,
         }
+        if self.ultraserver_type:
+            properties["UltraServerType"] = self.ultraserver_type
+            properties["UltraServerCount"] = str(self.ultraserver_count)
+        return properties
 
     @classmethod
     def from_properties(cls, properties: dict[str, Any]) -> ReservationRequest:
@@ -153,6 +170,8 @@ class ReservationRequest:
                 end_before=parse_iso(end, "EndBefore") if end else None,
                 duration_hours=int(properties["DurationHours"]),
                 availability_zone=str(properties["AvailabilityZone"]),
+                ultraserver_type=str(properties.get("UltraServerType") or ""),
+                ultraserver_count=int(properties.get("UltraServerCount") or 0),
             )
         except KeyError as missing:
             raise CapacityError(f"reservation property {missing.args[0]} is missing") from None
@@ -164,13 +183,31 @@ class ReservationRequest:
         parameters: dict[str, Any] = {
             "TargetResources": [TARGET_RESOURCE],
             "InstanceType": self.instance_type,
-            "InstanceCount": self.instance_count,
             "StartTimeAfter": utc(self.start_after),
             "DurationHours": self.duration_hours,
         }
+        if self.ultraserver_type:  # an UltraServer plan is sold by UltraServer type and count
+            parameters["UltraServerType"] = self.ultraserver_type
+            parameters["UltraServerCount"] = self.ultraserver_count
+        else:
+            parameters["InstanceCount"] = self.instance_count
         if self.end_before is not None:
             parameters["EndTimeBefore"] = utc(self.end_before)
         return parameters
+
+
+def ultraserver_booking(
+    instance_type: str, instance_count: int, ultraserver_type: str | None = None
+) -> tuple[str, int]:
+    """(UltraServer type, count) that hold ``instance_count`` instances of an UltraServer instance type
+    (default: its largest UltraServer), or ``("", 0)`` for an instance type booked by instance."""
+    from btk.hardware import INSTANCE_TYPES  # the catalog is not bundled with the Lambda, which never calls this
+
+    instance = INSTANCE_TYPES.get(instance_type)
+    if instance is None or not instance.ultraservers:
+        return "", 0
+    ultraserver = instance.ultraserver(ultraserver_type)
+    return ultraserver.name, -(-instance_count // ultraserver.instances)
 
 
 def reservation_request(env: EnvironmentConfig) -> ReservationRequest:
@@ -178,6 +215,9 @@ def reservation_request(env: EnvironmentConfig) -> ReservationRequest:
     reserve = env.capacity
     if reserve.mode != "reserve":
         raise CapacityError(f"environment {env.name}: capacity.mode is {reserve.mode}, not reserve")
+    ultraserver_type, ultraserver_count = ultraserver_booking(
+        env.instance_type, reserve.instance_count, reserve.ultraserver_type
+    )
     return ReservationRequest(
         environment=env.name,
         instance_type=env.instance_type,
@@ -186,6 +226,8 @@ def reservation_request(env: EnvironmentConfig) -> ReservationRequest:
         end_before=reserve.end_before,
         duration_hours=reserve.duration_hours,
         availability_zone=env.availability_zone,
+        ultraserver_type=ultraserver_type,
+        ultraserver_count=ultraserver_count,
     )
 
 
@@ -199,6 +241,8 @@ class CapacitySegment:
     start_time: datetime | None = None
     end_time: datetime | None = None
     status: str = ""
+    ultraserver_type: str = ""
+    ultraserver_count: int = 0
 
     @classmethod
     def from_api(cls, item: dict[str, Any]) -> CapacitySegment:
@@ -209,6 +253,8 @@ class CapacitySegment:
             start_time=item.get("StartTime"),
             end_time=item.get("EndTime"),
             status=str(item.get("Status", "")),
+            ultraserver_type=str(item.get("UltraServerType", "")),
+            ultraserver_count=int(item.get("UltraServerCount", 0)),
         )
 
 

@@ -75,9 +75,17 @@ def _capacity_mismatch(offering: Offering, request: ReservationRequest) -> str |
     types = sorted({segment.instance_type for segment in offering.segments})
     if types != [request.instance_type]:
         return f"instance type {'+'.join(types) or 'none'}, not {request.instance_type}"
-    counts = sorted({segment.instance_count for segment in offering.segments})
-    if counts != [request.instance_count]:
-        return f"{'+'.join(map(str, counts))} instances, not {request.instance_count}"
+    if request.ultraserver_type:
+        ultraservers = sorted({segment.ultraserver_type for segment in offering.segments})
+        if ultraservers != [request.ultraserver_type]:
+            return f"UltraServer type {'+'.join(ultraservers) or 'none'}, not {request.ultraserver_type}"
+        counts = sorted({segment.ultraserver_count for segment in offering.segments})
+        if counts != [request.ultraserver_count]:
+            return f"{'+'.join(map(str, counts))} UltraServers, not {request.ultraserver_count}"
+    else:
+        counts = sorted({segment.instance_count for segment in offering.segments})
+        if counts != [request.instance_count]:
+            return f"{'+'.join(map(str, counts))} instances, not {request.instance_count}"
     if offering.duration_hours != request.duration_hours:
         return f"lasts {offering.duration_hours:g} h, not {request.duration_hours} h"
     return None

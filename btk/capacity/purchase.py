@@ -100,10 +100,7 @@ def find_or_buy_plan(
         )
 
     offerings = rank_offerings(search_offerings(client, request), request.availability_zone)
-    window = (
-        f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h "
-        f"after {iso(request.start_after)}"
-    )
+    window = f"{request.describe_capacity()}, {request.duration_hours} h after {iso(request.start_after)}"
     if not offerings:
         raise CapacityError(f"no training-plan offerings for {window}: widen the window or change the duration")
     listing = list_offerings(offerings, request, max_upfront_fee)

@@ -105,7 +105,7 @@ def _search(args: argparse.Namespace) -> int:
             sort_keys=True,
         )
         return 0
-    window = f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h after " + (
+    window = f"{request.describe_capacity()}, {request.duration_hours} h after " + (
         capacity.iso(request.start_after)
     )
     print(f"{env.name}: training-plan offerings for {window} (AZ {env.availability_zone})")
@@ -156,6 +156,9 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
         raise BtkError(f"--instance-count {count} is not sold: use one of {allowed}")
     if end is not None and end <= start:
         raise BtkError("--end-before must be after --start-after")
+    ultraserver_type, ultraserver_count = capacity.ultraserver_booking(
+        env.instance_type, count, reserve.ultraserver_type if reserve else None
+    )
     return capacity.ReservationRequest(
         environment=env.name,
         instance_type=env.instance_type,
@@ -164,6 +167,8 @@ def _search_request(env: EnvironmentConfig, args: argparse.Namespace) -> Reserva
         end_before=end,
         duration_hours=duration,
         availability_zone=env.availability_zone,
+        ultraserver_type=ultraserver_type,
+        ultraserver_count=ultraserver_count,
     )
 
 
@@ -291,7 +296,7 @@ def _show(args: argparse.Namespace) -> int:
             max_upfront_fee=config.max_upfront_fee,
             purchase_approved=config.purchase_approved,
         )
-        window = f"{request.instance_count} x {request.instance_type}, {request.duration_hours} h after " + (
+        window = f"{request.describe_capacity()}, {request.duration_hours} h after " + (
             capacity.iso(request.start_after)
         )
         if request.end_before is not None:

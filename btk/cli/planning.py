@@ -19,6 +19,8 @@ _NODES_HELP = f"number of instances, 1 to {max_nodes()} (default 1)"
 
 
 def register(subparsers: Any) -> None:
+    from btk.hardware import INSTANCE_TYPES
+
     profiles = subparsers.add_parser("profiles", help="the profile catalog as a table")
     add_format_argument(profiles)
     profiles.set_defaults(handler=cmd_profiles)
@@ -74,8 +76,8 @@ def register(subparsers: Any) -> None:
     compare.add_argument(
         "--instances",
         type=non_empty,
-        default="ml.p4de.24xlarge,ml.p5.48xlarge,ml.p5en.48xlarge,ml.p6-b200.48xlarge",
-        help="comma-separated instance types",
+        default=",".join(INSTANCE_TYPES),
+        help="comma-separated instance types (default: every instance type of the hardware catalog)",
     )
     compare.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
     compare.add_argument(

@@ -432,4 +432,4 @@ def coverage_table(points: Sequence[CalibrationPoint], errors: Sequence[float],
 
 def band_for(instance: InstanceType, parameters: float, seq_len: int, nodes: int) -> ErrorBand:
     """The band of ``parameters`` at ``seq_len`` on ``nodes`` x ``instance``."""
-    return band_for_question(instance.gpu.architecture, parameters, seq_len, nodes)
+    return band_for_question(instance.gpu.family, parameters, seq_len, nodes)

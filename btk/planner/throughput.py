@@ -265,21 +265,26 @@ class Collective:
     def transfer_seconds(self, instance: InstanceType, bus_bytes: float) -> float:
         """Time to move ``bus_bytes`` per rank (nccl-tests' bus bytes: (n-1)/n of the buffer, twice for all-reduce).
 
-        Inside one node the ranks' NVLink carries it; across nodes, rings through every GPU of a
-        node share the node's network (each group gets the share of its ranks on the node) at the
-        fabric's measured bandwidth share for that many nodes (:class:`btk.hardware.CollectiveTiming`).
+        Inside one NVLink domain (one node, or the instances of one UltraServer) the ranks' NVLink
+        carries it; across domains, rings through every GPU of a node share the node's network (each
+        group gets the share of its ranks on the node) at the fabric's measured bandwidth share for
+        that many nodes (:class:`btk.hardware.CollectiveTiming`).
         """
         if self.ranks <= 1:
             return 0.0
-        if self.nodes == 1:
+        if self.over_nvlink(instance):
             return bus_bytes / (instance.gpu.nvlink_gbps_per_direction.value * 1e9 * LINK_EFFICIENCY)
         share = instance.collectives.bandwidth_share(self.nodes)
         node_bytes_per_second = instance.efa_gbps_per_node.value / 8 * 1e9 * share
         return bus_bytes / (node_bytes_per_second * self.ranks_per_node / instance.gpus_per_node)
 
+    def over_nvlink(self, instance: InstanceType) -> bool:
+        """Whether the group's nodes lie in one NVLink domain (a job is placed on as few UltraServers as fit)."""
+        return self.nodes <= instance.nvlink_domain_nodes
+
     def latency_seconds(self, instance: InstanceType) -> float:
-        """The fabric's fixed time per collective across nodes (0 inside a node: NVLink's is microseconds)."""
-        return instance.collectives.latency(self.nodes) if self.ranks > 1 and self.nodes > 1 else 0.0
+        """The fabric's fixed time per collective across nodes (0 over NVLink: its latency is microseconds)."""
+        return instance.collectives.latency(self.nodes) if self.ranks > 1 and not self.over_nvlink(instance) else 0.0
 
 
 @dataclass(frozen=True)

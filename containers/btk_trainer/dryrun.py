@@ -72,9 +72,6 @@ from btk_trainer.model import Decoder, eager_cross_entropy
 from btk_trainer.parallelize import build_mesh, data_parallel_rank, float8_all_gather_enabled, mesh_shape, train_context
 
 GIB = 1024**3
-COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {"ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
-"""The compute capability the trainer's precision checks read on each GPU architecture of the hardware
-catalog: A100 8.0, H100 and H200 9.0, B200 10.0 (https://developer.nvidia.com/cuda-gpus)."""
 DEFAULT_TOLERANCE = 0.10
 """How far the dry run's peak may be from the planner's prediction for the same knobs (see docs/trainer.md)."""
 
@@ -426,7 +423,7 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
 
     spec = case.spec()
     knobs = spec.knobs
-    capability = COMPUTE_CAPABILITY.get(case.instance.gpu.architecture)
+    capability = case.instance.gpu.compute_capability  # what the trainer's precision checks read on the GPU
     with fake_process_group(case.world_size):
         shape = mesh_shape(case.world_size, case.nodes, knobs)
         mesh = build_mesh(shape, "cpu")  # outside the fake mode: the mesh holds real rank tensors

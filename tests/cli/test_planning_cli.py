@@ -435,3 +435,18 @@ def test_profiles_says_which_counts_are_published(capsys: pytest.CaptureFixture[
     code, out, _ = run(capsys, "profiles", "--format", "json")
     assert {p["name"]: p["parameter_count_verified"] for p in json.loads(out)} == {"unverified-copy": False,
                                                                                     "verified-copy": True}
+
+
+def test_btk_plan_runs_on_b300_and_gb200_by_alias(capsys: pytest.CaptureFixture[str]) -> None:
+    for alias, gpu in (("b300", "NVIDIA B300"), ("gb200", "NVIDIA GB200")):
+        code, out, err = run(capsys, "plan", "llama3.1-8b", "--instance", alias, "--nodes", "2")
+        assert code == 0, err
+        assert gpu in out and "outside the published evidence" in out
+
+
+def test_btk_compare_covers_the_whole_catalog_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compare", "llama3.1-8b", "--json")
+    assert code == 0, err
+    from btk.hardware import INSTANCE_TYPES
+
+    assert {row["instance_type"] for row in json.loads(out)["instances"]} == set(INSTANCE_TYPES)

@@ -19,6 +19,7 @@ from stack_synth import REPO, Synth, cli_app
 
 import environments
 from btk.environment import DataStageConfig, EnvironmentConfig, JobRetryConfig, longest_execution_hours
+from btk.hardware import INSTANCE_TYPES
 from stacks.training_stack import TrainingStack
 from training_constructs.nag import apply_nag
 
@@ -407,11 +408,14 @@ def test_stack_identity_and_tags(synth: Synth) -> None:
     assert "AWS::CDK::Metadata" not in {r["Type"] for r in synth.template["Resources"].values()}
 
 
-def test_image_asset_is_linux_amd64(synth: Synth) -> None:
+def test_image_asset_is_built_for_the_instances_cpu(synth: Synth) -> None:
+    """linux/amd64, or linux/arm64 where the instance type's CPU is Grace (the hardware catalog says which)."""
+    instance = INSTANCE_TYPES.get(ENVS[synth.env_name].instance_type)
+    expected = "linux/arm64" if instance is not None and instance.cpu_architecture == "arm64" else "linux/amd64"
     assets = json.loads((synth.outdir / f"{synth.stack.artifact_id}.assets.json").read_text())
     images = list(assets["dockerImages"].values())
     assert len(images) == 1
-    assert images[0]["source"]["platform"] == "linux/amd64"
+    assert images[0]["source"]["platform"] == expected
     assert images[0]["source"]["directory"].startswith("asset.")
 
 

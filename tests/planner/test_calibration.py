@@ -99,7 +99,11 @@ def test_the_evidence_spans_sizes_sequences_gpu_families_and_node_counts() -> No
     assert len(points) >= 40
     assert min(p.parameters for p in points) <= 1.3e9 and max(p.parameters for p in points) >= 64e9
     assert min(p.knobs.seq_len for p in points) <= 2048 and max(p.knobs.seq_len for p in points) >= 65536
-    assert {instance.gpu.architecture for instance in INSTANCE_TYPES.values()} <= {p.family for p in points}
+    families = {p.family for p in points}
+    for instance in INSTANCE_TYPES.values():  # published runs of its family, or efficiency marked as assumed
+        gpu = instance.gpu
+        assumed = (gpu.achieved_matmul_fraction, gpu.non_matmul_overhead, gpu.attention_efficiency)
+        assert gpu.family in families or all(fact.estimate for fact in assumed), instance.name
     assert max(p.nodes for p in points) >= 16
     assert len({source_of(p) for p in points}) >= 6
 

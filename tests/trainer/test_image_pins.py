@@ -129,27 +129,95 @@ def test_torchao_build_links_the_base_images_cuda_major() -> None:
     assert linked == {base_cuda_major(base_image(DOCKERFILE.read_text()))}, linked
 
 
-def _resolve_on_the_index(lock: Path, target: Path) -> tuple[int, str]:
-    """Whether every pin of ``lock`` is on PyPI for the image (Python 3.12, manylinux x86_64): uv's dry run
-    reads the index's metadata and downloads no wheel."""
+#: The image's platforms: linux/amd64, and linux/arm64 for Grace-based instances (P6e-GB200), as uv names them.
+IMAGE_PLATFORMS = ("x86_64-manylinux_2_28", "aarch64-manylinux_2_28")
+
+
+def _resolve_on_the_index(lock: Path, target: Path, platform: str = IMAGE_PLATFORMS[0]) -> tuple[int, str]:
+    """Whether every pin of ``lock`` is on PyPI for the image (Python 3.12, ``platform``): uv's dry run reads the
+    index's metadata and downloads no wheel."""
     import subprocess
     import sys
 
     uv = Path(sys.executable).parent / "uv"
     result = subprocess.run(
         [str(uv), "pip", "install", "--dry-run", "--no-deps", "--index-url", "https://pypi.org/simple",
-         "--python-platform", "x86_64-manylinux_2_28", "--python-version", "3.12", "--target", str(target),
+         "--python-platform", platform, "--python-version", "3.12", "--target", str(target),
          "-r", str(lock)], capture_output=True, text=True, timeout=300, check=False)
     return result.returncode, result.stdout + result.stderr
 
 
-def test_every_pin_of_the_lock_is_on_the_index_for_the_image(tmp_path: Path) -> None:
+@pytest.mark.parametrize("platform", IMAGE_PLATFORMS)
+def test_every_pin_of_the_lock_is_on_the_index_for_the_image(tmp_path: Path, platform: str) -> None:
     """What the GPU benchmark's fresh environment and the image install: each pin, as a wheel for the image's
     platform, on the index the lock was compiled from; a pin the index lacks is named."""
-    code, output = _resolve_on_the_index(LOCK, tmp_path / "target")
+    code, output = _resolve_on_the_index(LOCK, tmp_path / "target", platform)
     assert code == 0, output[-3000:]
     assert all(f"{name}=={version}" in output for name, version in lock_pins(LOCK.read_text()).items())
     missing = tmp_path / "missing.lock"
     missing.write_text(re.sub(r"^torchao==\S+ \\$", "torchao==0.18.99 \\\\", LOCK.read_text(), flags=re.MULTILINE))
-    code, output = _resolve_on_the_index(missing, tmp_path / "target")
+    code, output = _resolve_on_the_index(missing, tmp_path / "target", platform)
     assert code != 0 and "torchao==0.18.99" in output
+
+
+def _lock_hashes(text: str) -> dict[str, set[str]]:
+    """Each pin's ``--hash=sha256:`` values."""
+    hashes: dict[str, set[str]] = {}
+    for block in re.split(r"\n(?=[a-z0-9])", text):
+        pin = re.match(r"([a-z0-9][a-z0-9._-]*)==\S+ \\", block)
+        if pin:
+            hashes[pin[1]] = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    return hashes
+
+
+def _wheel_for(files: list[dict[str, object]], machine: str) -> dict[str, object] | None:
+    """The wheel pip picks for CPython 3.12 on manylinux_2_28 ``machine``: the first of its tags, by priority."""
+    from packaging.tags import compatible_tags, cpython_tags
+    from packaging.utils import parse_wheel_filename
+
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}  # PEP 600's aliases of older glibcs
+    platforms = [tag for minor in range(28, 4, -1) for tag in
+                 (f"manylinux_2_{minor}_{machine}", *([f"{legacy[minor]}_{machine}"] if minor in legacy else []))]
+    ranked = [*cpython_tags((3, 12), platforms=platforms), *compatible_tags((3, 12), platforms=platforms)]
+    wheels = [(parse_wheel_filename(str(item["filename"]))[3], item) for item in files
+              if str(item["filename"]).endswith(".whl")]
+    for tag in ranked:
+        for tags, item in wheels:
+            if tag in tags:
+                return item
+    return None
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_lock_holds_the_hash_of_the_wheel_each_image_platform_installs(machine: str) -> None:
+    """The image installs with ``--require-hashes``: on arm64 (P6e-GB200) as on amd64, the wheel pip chooses for
+    each pin has its sha256 in the lock (read from PyPI's simple index, PEP 691 JSON; no wheel is downloaded)."""
+    import json
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    text = LOCK.read_text()
+    hashes = _lock_hashes(text)
+
+    def release(pin: tuple[str, str]) -> tuple[str, list[dict[str, object]]]:
+        from packaging.utils import canonicalize_name, parse_wheel_filename
+
+        name, version = pin
+        request = urllib.request.Request(f"https://pypi.org/simple/{canonicalize_name(name)}/",
+                                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            files = json.load(answer)["files"]
+        wheels = [item for item in files  # this version's wheels; other versions' names may predate PEP 427's rules
+                  if str(item["filename"]).endswith(".whl") and str(item["filename"]).split("-")[1] == version]
+        return name, [item for item in wheels if str(parse_wheel_filename(str(item["filename"]))[1]) == version]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        releases = dict(pool.map(release, lock_pins(text).items()))
+    problems = []
+    for name, files in releases.items():
+        wheel = _wheel_for(files, machine)
+        if wheel is None:
+            problems.append(f"{name}: no wheel for {machine}")
+        elif dict(wheel["hashes"])["sha256"] not in hashes[name]:  # type: ignore[call-overload]
+            problems.append(f"{name}: {wheel['filename']} is not hashed in the lock")
+    assert not problems, problems

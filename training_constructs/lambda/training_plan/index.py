@@ -46,6 +46,8 @@ IDENTITY_PROPERTIES = (
     "EndBefore",
     "DurationHours",
     "AvailabilityZone",
+    "UltraServerType",
+    "UltraServerCount",
 )
 #: ``Data`` key of the instant (epoch seconds) after which a plan still Pending completes the resource as Pending.
 WAIT_UNTIL = "WaitUntil"
