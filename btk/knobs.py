@@ -8,7 +8,7 @@ codec; the round trip is lossless (tested, including with hypothesis).
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,6 +22,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 CHECKPOINTING_MODES: tuple[str, ...] = get_args(ActivationCheckpointing)
 SHARDING_MODES: tuple[str, ...] = get_args(Sharding)
 TENSOR_PARALLEL_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+CONTEXT_PARALLEL_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
 TENSOR_PARALLEL_PRECISIONS: tuple[str, ...] = ("bf16", "fp8_tensorwise")
 """Precisions the trainer can shard with tensor parallelism: torchao's float8 tensor-parallel
 styles (``Float8ColwiseParallel``/``Float8RowwiseParallel``) cover tensorwise scaling only;
@@ -47,6 +48,10 @@ class TrainingKnobs(BaseModel):
         sharding: FSDP2 ``full_shard`` over all data-parallel GPUs, ``hybrid_shard`` (shard
             within a node, replicate across nodes) or ``no_shard`` (plain data parallel).
         tensor_parallel: tensor-parallel degree inside a node (1 = off).
+        context_parallel: how many GPUs of a node share each sequence (1 = off): each holds
+            ``seq_len / context_parallel`` of its tokens (two chunks, one from each end, so the
+            causal attention's work is even) and gathers the keys and values of the others in
+            every attention layer. ``seq_len`` must split into ``2 x context_parallel`` chunks.
         compile: ``torch.compile`` each transformer block.
         fused_loss: compute the cross-entropy in a fused/compiled kernel so fp32 logits are
             never materialised (False models the eager fp32 ``cross_entropy`` most older
@@ -64,6 +69,11 @@ class TrainingKnobs(BaseModel):
     tensor_parallel: int = 1
     compile: bool = True
     fused_loss: bool = True
+    context_parallel: int = 1
+
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("context_parallel",)
+    """Knobs added after the first release: left out of the hyperparameters at their default, so the
+    jobs and pipelines of earlier plans are unchanged."""
 
     @field_validator("tensor_parallel")
     @classmethod
@@ -72,16 +82,32 @@ class TrainingKnobs(BaseModel):
             raise ValueError(f"must be one of {', '.join(map(str, TENSOR_PARALLEL_DEGREES))}")
         return value
 
+    @field_validator("context_parallel")
+    @classmethod
+    def _context_parallel_degree(cls, value: int) -> int:
+        if value not in CONTEXT_PARALLEL_DEGREES:
+            raise ValueError(f"must be one of {', '.join(map(str, CONTEXT_PARALLEL_DEGREES))}")
+        return value
+
     @model_validator(mode="after")
     def _combination_runs(self) -> TrainingKnobs:
         problem = knob_combination_problem(self.precision, self.tensor_parallel)
         if problem:
             raise ValueError(problem)
+        if self.context_parallel > 1 and self.sharding == "no_shard":
+            # the ranks of one sequence reduce its gradients: they are a shard group of FSDP
+            raise ValueError(f"context_parallel {self.context_parallel} needs sharding full_shard or hybrid_shard, "
+                             "not no_shard")
+        if self.context_parallel > 1 and self.seq_len % (2 * self.context_parallel):
+            raise ValueError(
+                f"context_parallel {self.context_parallel} splits each sequence into {2 * self.context_parallel} "
+                f"equal chunks: seq_len {self.seq_len} must be a multiple of {2 * self.context_parallel}"
+            )
         return self
 
     def tokens_per_micro_batch(self) -> int:
-        """Tokens one GPU processes per micro-batch."""
-        return self.micro_batch_size * self.seq_len
+        """Tokens one GPU processes per micro-batch (its share of each sequence under context parallelism)."""
+        return self.micro_batch_size * self.seq_len // self.context_parallel
 
 
 KNOB_FIELDS: tuple[str, ...] = tuple(TrainingKnobs.model_fields)
@@ -110,8 +136,14 @@ def encode_value(value: Any) -> str:
 
 
 def knobs_to_hyperparameters(knobs: TrainingKnobs) -> dict[str, str]:
-    """Serialise the knobs as SageMaker hyperparameters (string keys, string values)."""
-    return {name: encode_value(getattr(knobs, name)) for name in KNOB_FIELDS}
+    """Serialise the knobs as SageMaker hyperparameters (string keys, string values); the knobs of
+    ``LEFT_OUT_AT_DEFAULT`` only where they differ from their default."""
+    return {
+        name: encode_value(getattr(knobs, name))
+        for name in KNOB_FIELDS
+        if name not in TrainingKnobs.LEFT_OUT_AT_DEFAULT
+        or getattr(knobs, name) != TrainingKnobs.model_fields[name].default
+    }
 
 
 def knobs_from_hyperparameters(hyperparameters: dict[str, str]) -> TrainingKnobs:

@@ -1,6 +1,6 @@
 """The parallel layout of a job (no torch import: the entrypoint validates it before launching).
 
-Device mesh dimensions ``(dp_replicate, dp_shard, tp)``: see :mod:`btk_trainer.parallelize`.
+Device mesh dimensions ``(dp_replicate, dp_shard, cp, tp)``: see :mod:`btk_trainer.parallelize`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from btk.planner.throughput import gradient_accumulation_for
 
 @dataclass(frozen=True)
 class MeshShape:
-    """Sizes of the three mesh dimensions."""
+    """Sizes of the mesh dimensions; ``cp``: context parallelism (ranks sharing each sequence)."""
 
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
 
     @property
     def dp(self) -> int:
@@ -27,19 +28,21 @@ class MeshShape:
 
 def mesh_shape(world_size: int, nnodes: int, knobs: TrainingKnobs) -> MeshShape:
     """The mesh for ``world_size`` ranks on ``nnodes`` nodes under ``knobs``; one-line errors."""
-    tp = knobs.tensor_parallel
-    if world_size % tp:
-        raise BtkError(f"tensor_parallel={tp} must divide the {world_size} GPUs of the job")
-    if nnodes > 1 and (world_size // nnodes) % tp:
-        raise BtkError(f"tensor_parallel={tp} must divide the {world_size // nnodes} GPUs of one node")
-    dp = world_size // tp
+    tp, cp = knobs.tensor_parallel, knobs.context_parallel
+    within = " x ".join([*([f"tensor_parallel={tp}"] if tp > 1 or cp == 1 else []),
+                         *([f"context_parallel={cp}"] if cp > 1 else [])])
+    if world_size % (tp * cp):
+        raise BtkError(f"{within} must divide the {world_size} GPUs of the job")
+    if nnodes > 1 and (world_size // nnodes) % (tp * cp):
+        raise BtkError(f"{within} must divide the {world_size // nnodes} GPUs of one node")
+    dp = world_size // (tp * cp)
     if knobs.sharding == "no_shard":
         return MeshShape(dp_replicate=dp, dp_shard=1, tp=tp)
     if knobs.sharding == "hybrid_shard" and nnodes > 1:
         if dp % nnodes:
             raise BtkError(f"sharding=hybrid_shard needs the {dp} data-parallel ranks to divide over {nnodes} nodes")
-        return MeshShape(dp_replicate=nnodes, dp_shard=dp // nnodes, tp=tp)
-    return MeshShape(dp_replicate=1, dp_shard=dp, tp=tp)
+        return MeshShape(dp_replicate=nnodes, dp_shard=dp // nnodes, tp=tp, cp=cp)
+    return MeshShape(dp_replicate=1, dp_shard=dp, tp=tp, cp=cp)
 
 
 @dataclass(frozen=True)

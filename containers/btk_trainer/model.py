@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling, as in torchtitan and transformers)
@@ -152,6 +152,18 @@ def attention_backends(device_type: str) -> list[SDPBackend]:
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # CPU: torch's flash kernel for CPU, else math
 
 
+class SequenceShard(Protocol):
+    """Which positions of each sequence one rank computes (context parallelism, :mod:`btk_trainer.context_parallel`)."""
+
+    def positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """This rank's positions (int64), in the order its hidden states hold them."""
+        ...
+
+    def key_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """The positions of the keys its attention layers gather, in gathered order."""
+        ...
+
+
 AttentionMask = Any
 """What :meth:`Decoder.attention_mask` makes of a micro-batch's documents: a ``BlockMask`` for
 ``flex_attention`` on CUDA, a dense boolean (batch, 1, seq, seq) mask for SDPA elsewhere; None for
@@ -173,6 +185,31 @@ def dense_document_mask(documents: torch.Tensor) -> torch.Tensor:
     seq = documents.shape[1]
     causal = torch.ones(seq, seq, dtype=torch.bool, device=documents.device).tril()
     return (causal & (documents[:, :, None] == documents[:, None, :]))[:, None]
+
+
+def positioned_causal(query_positions: torch.Tensor, key_positions: torch.Tensor,
+                      documents: torch.Tensor | None) -> Callable[[Any, Any, Any, Any], Any]:
+    """The causal rule for queries and keys that are not one contiguous window (each side's tokens named by their
+    positions in the sequence), within documents when ``documents`` (batch, seq) is given: a ``mask_mod``."""
+
+    def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
+        query_position, key_position = query_positions[query], key_positions[key]
+        causal = query_position >= key_position
+        if documents is None:
+            return causal
+        return causal & (documents[batch, query_position] == documents[batch, key_position])
+
+    return mask_mod
+
+
+def dense_positioned_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
+                          documents: torch.Tensor | None) -> torch.Tensor:
+    """:func:`positioned_causal`'s rule spelled out: (batch or 1, 1, queries, keys) bool, True where attended."""
+    causal = query_positions[:, None] >= key_positions[None, :]
+    if documents is None:
+        return causal[None, None]
+    same = documents[:, query_positions, None] == documents[:, None, key_positions]
+    return (causal & same)[:, None]
 
 
 _compiled_flex_attention: Any = None
@@ -210,6 +247,9 @@ class Attention(nn.Module):
         self.scale = arch.attention_multiplier  # None: 1/sqrt(head_dim), SDPA's own default
         self.num_groups = arch.num_attention_heads // arch.num_kv_heads
         self.qk_norm = arch.qk_norm
+        #: Set by context parallelism (:mod:`btk_trainer.context_parallel`): gathers every rank's keys (or
+        #: values) of the sequence along dim 2; None: this rank holds the whole sequence.
+        self.gather_keys: Callable[[torch.Tensor], torch.Tensor] | None = None
         h = arch.hidden_size
         self.q_proj = nn.Linear(h, arch.attention_width, bias=arch.attention_bias)
         self.k_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
@@ -239,6 +279,8 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.gather_keys is not None:
+            k, v = self.gather_keys(k), self.gather_keys(v)
         # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
         gqa = self.num_groups > 1
         if mask is None:
@@ -489,6 +531,9 @@ class Decoder(nn.Module):
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_fn: LossFn = ChunkedCrossEntropy()
+        #: Set by context parallelism (:mod:`btk_trainer.context_parallel`): which positions of each sequence
+        #: this rank computes, and of the keys its attention layers gather; None: every position.
+        self.sequence_shard: SequenceShard | None = None
         self._rope_cache: dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tie_weights(self) -> None:
@@ -534,15 +579,36 @@ class Decoder(nn.Module):
         batch, seq = documents.shape
         return create_block_mask(same_document_causal(documents), batch, None, seq, seq, device=documents.device)
 
+    @staticmethod
+    def positioned_attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
+                                  documents: torch.Tensor | None) -> AttentionMask:
+        """:meth:`attention_mask` for a rank that computes some positions of each sequence and attends to keys
+        gathered in another order (context parallelism): a ``BlockMask`` on CUDA, a dense mask elsewhere."""
+        if query_positions.device.type != "cuda":
+            return dense_positioned_mask(query_positions, key_positions, documents)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        batch = None if documents is None else documents.shape[0]
+        return create_block_mask(positioned_causal(query_positions, key_positions, documents), batch, None,
+                                 len(query_positions), len(key_positions), device=query_positions.device)
+
     def hidden(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states as the head reads them (after the last norm, divided by ``logits_scaling``: the
         head is linear, so its logits are divided), shape (batch, seq, hidden); ``documents`` (batch, seq): attend
-        within each document only (:meth:`attention_mask`)."""
-        x = self.model.embed_tokens(tokens)
+        within each document only (:meth:`attention_mask`). Under context parallelism ``tokens`` and
+        ``documents`` are whole sequences and the hidden states those of this rank's positions."""
+        seq = tokens.shape[1]
+        shard = self.sequence_shard
+        positions = None if shard is None else shard.positions(seq, tokens.device)
+        x = self.model.embed_tokens(tokens if positions is None else tokens[:, positions])
         if self.arch.embedding_multiplier != 1.0:
             x = x * self.arch.embedding_multiplier
-        cos, sin = self.rope(tokens.shape[1], tokens.device, x.dtype)
-        mask = self.attention_mask(documents)
+        cos, sin = self.rope(seq, tokens.device, x.dtype)
+        if shard is None or positions is None:
+            mask = self.attention_mask(documents)
+        else:
+            cos, sin = cos[positions], sin[positions]
+            mask = self.positioned_attention_mask(positions, shard.key_positions(seq, tokens.device), documents)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask)
         normed: torch.Tensor = self.model.norm(x)
@@ -556,6 +622,8 @@ class Decoder(nn.Module):
         if targets is None:
             logits: torch.Tensor = self.lm_head(hidden)
             return logits
+        if self.sequence_shard is not None:  # this rank's positions: its mean loss is over its own tokens
+            targets = targets[:, self.sequence_shard.positions(targets.shape[1], targets.device)]
         loss: torch.Tensor = self.lm_head(hidden, targets, self.loss_fn)
         return loss
 

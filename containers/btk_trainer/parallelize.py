@@ -27,6 +27,7 @@ from btk.errors import BtkError
 from btk.knobs import TrainingKnobs, knob_combination_problem
 from btk.loss_chunks import loss_chunk_tokens
 from btk.profile import ModelArchitecture
+from btk_trainer.context_parallel import apply_context_parallel
 from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import (
     ChunkedCrossEntropy,
@@ -48,9 +49,15 @@ MIN_MXFP8_CAPABILITY = (10, 0)  # Blackwell
 
 
 def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
-    return init_device_mesh(
-        device_type, (shape.dp_replicate, shape.dp_shard, shape.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
+    """The job's mesh ``(dp_replicate, dp_shard, cp, tp)``; FSDP shards over ``dp_shard x cp``, flattened as
+    ``dp_shard_cp`` (torchtitan's layout: the ranks sharing a sequence reduce its gradients)."""
+    mesh = init_device_mesh(
+        device_type, (shape.dp_replicate, shape.dp_shard, shape.cp, shape.tp),
+        mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"),
     )
+    if shape.cp > 1:
+        mesh["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
+    return mesh
 
 
 def data_parallel_rank(mesh: DeviceMesh) -> tuple[int, int]:
@@ -81,7 +88,7 @@ def float8_all_gather_enabled(precision: str, shape: MeshShape) -> bool:
     Then the trainer calls torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after every
     optimizer step, as torchtitan does.
     """
-    return precision == "fp8_tensorwise" and shape.dp_shard > 1
+    return precision == "fp8_tensorwise" and shape.dp_shard * shape.cp > 1
 
 
 def _low_precision_filter(module: nn.Module, fqn: str, *, multiple: int = 16) -> bool:
@@ -613,7 +620,8 @@ def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: 
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dp_mesh = mesh["dp_shard"] if shape.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    shards = "dp_shard" if shape.cp == 1 else "dp_shard_cp"  # the flattened dim only where a sequence is shared
+    dp_mesh = mesh[shards] if shape.dp_replicate == 1 else mesh["dp_replicate", shards]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if not model.weights_tied:
         fully_shard(model.model.embed_tokens, mesh=dp_mesh, mp_policy=policy)
@@ -652,9 +660,11 @@ def parallelize(
                         emulate_mxfp8=emulate_mxfp8)
     compiled = knobs.compile if compile_enabled is None else compile_enabled
     if shape.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], knobs.precision, knobs.seq_len)
+        apply_tensor_parallel(model, mesh["tp"], knobs.precision, knobs.seq_len // shape.cp)
         enable_async_tensor_parallel(mesh["tp"], compiled=compiled and compile_backend == "inductor",
                                      requested=async_tensor_parallel)
+    if shape.cp > 1:
+        apply_context_parallel(model, mesh["cp"])
     apply_activation_checkpointing(model, knobs.activation_checkpointing, keep_attention=(
         keeps_attention_under_full_checkpointing(mesh.device_type, compiled=compiled, tp=shape.tp)))
     if compiled:

@@ -11,6 +11,7 @@ from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters, JobSettings, from_hyperparameters, to_hyperparameters
 from btk.knobs import (
     CHECKPOINTING_MODES,
+    CONTEXT_PARALLEL_DEGREES,
     PRECISIONS,
     SHARDING_MODES,
     TENSOR_PARALLEL_DEGREES,
@@ -27,20 +28,27 @@ RUNNABLE_PAIRS = [
     for tp in TENSOR_PARALLEL_DEGREES
     if knob_combination_problem(precision, tp) is None
 ]
-knobs_strategy = st.sampled_from(RUNNABLE_PAIRS).flatmap(
-    lambda pair: st.builds(
+
+def _runnable_knobs(pair: tuple[str, int], context_parallel: int) -> st.SearchStrategy[TrainingKnobs]:
+    """Knobs of a runnable precision/TP pair; with context parallelism, a shard group and a sequence of whole chunks."""
+    chunks = 2 * context_parallel if context_parallel > 1 else 1
+    return st.builds(
         TrainingKnobs,
         micro_batch_size=st.integers(1, 4096),
         gradient_accumulation_steps=st.integers(1, 65536),
-        seq_len=st.integers(16, 1_048_576),
+        seq_len=st.integers(-(-16 // chunks), 1_048_576 // chunks).map(lambda n: n * chunks),
         precision=st.just(pair[0]),
         activation_checkpointing=st.sampled_from(CHECKPOINTING_MODES),
-        sharding=st.sampled_from(SHARDING_MODES),
+        sharding=st.sampled_from([s for s in SHARDING_MODES if context_parallel == 1 or s != "no_shard"]),
         tensor_parallel=st.just(pair[1]),
         compile=st.booleans(),
         fused_loss=st.booleans(),
+        context_parallel=st.just(context_parallel),
     )
-)
+
+
+knobs_strategy = st.tuples(st.sampled_from(RUNNABLE_PAIRS), st.sampled_from(CONTEXT_PARALLEL_DEGREES)).flatmap(
+    lambda choice: _runnable_knobs(*choice))
 
 
 @pytest.mark.parametrize("precision", ["fp8_rowwise", "mxfp8"])

@@ -110,12 +110,12 @@ def test_sagemaker_namespace_keys_are_ignored() -> None:
 
 
 def test_known_keys_are_exactly_what_the_encoder_writes() -> None:
-    """Every key but the architecture fields a profile and the job settings a job leave at their default (left out
-    of the job, read back as the default) is written."""
+    """Every key but the knobs, architecture fields, training fields and job settings left at their default (left
+    out of the job, read back as the default) is written."""
     written = set(to_hyperparameters(_spec()))
     left_out = {f"arch.{name}" for name in ModelArchitecture.LEFT_OUT_AT_DEFAULT} | {
         f"job.{name}" for name in JobSettings.LEFT_OUT_AT_DEFAULT} | {
-        f"train.{name}" for name in TrainingIntent.LEFT_OUT_AT_DEFAULT}
+        f"train.{name}" for name in TrainingIntent.LEFT_OUT_AT_DEFAULT} | set(TrainingKnobs.LEFT_OUT_AT_DEFAULT)
     assert sorted(known_keys()) == sorted(written | left_out) and not written & left_out
 
 

@@ -446,6 +446,54 @@ def scenario_resume(workdir: Path, data_dir: Path, seed: int) -> dict[str, Any]:
     return out
 
 
+def scenario_context_parallel(workdir: Path, data_dir: Path) -> dict[str, Any]:
+    """Whole train() steps (clipping included) with each sequence shared by ``cp`` ranks against the run without:
+    the same windows (one global micro-batch of ``2 x world`` sequences in every layout), with and without document
+    masking; and a run stopped under one degree and resumed under another, against the uninterrupted run."""
+    from btk_trainer.train import RunConfig, train
+
+    world = dist.get_world_size()
+    steps = 4
+
+    def run(spec: JobHyperparameters, **config: Any) -> Any:
+        return train(RunConfig(spec=spec, data_dir=data_dir, max_steps=steps, device="cpu", return_state=True,
+                               **config))
+
+    def layout(cp: int, tp: int = 1, **knobs: Any) -> JobHyperparameters:
+        return tiny_spec(context_parallel=cp, tensor_parallel=tp, micro_batch_size=2 * cp * tp, **knobs)
+
+    def compared(reference: Any, other: Any) -> dict[str, Any]:
+        a, b = reference.final_state or {}, other.final_state or {}
+        # every step the other run took (a resumed run: those after its checkpoint)
+        return {"loss_diff": max(abs(reference.losses[s] - other.losses[s]) for s in other.losses),
+                "grad_norm_diff": max(abs(reference.grad_norms[s] - other.grad_norms[s]) for s in other.grad_norms),
+                "max_weight_diff": max(float((a[k] - b[k]).abs().max()) for k in a) if a else -1.0,
+                "keys_match": sorted(a) == sorted(b), "steps": [reference.steps_done, other.steps_done]}
+
+    degrees = [cp for cp in (2, 4) if cp <= world]
+    plain, masked_plain = run(layout(1)), run(masked(layout(1)))
+    out: dict[str, Any] = {"degrees": degrees, "cases": {}}
+    for cp in degrees:
+        out["cases"][f"cp{cp}"] = compared(plain, run(layout(cp)))
+        out["cases"][f"cp{cp}_masked"] = compared(masked_plain, run(masked(layout(cp))))
+        for mode in ("selective", "full"):  # the recompute gathers the keys and values again
+            checkpointed = run(layout(cp, activation_checkpointing=mode))
+            out["cases"][f"cp{cp}_{mode}_checkpointing"] = compared(plain, checkpointed)
+    if world >= 4:  # composed with tensor parallelism (sequence-parallel norms between the attention layers)
+        out["cases"]["cp2_tp2"] = compared(plain, run(layout(2, 2)))
+        out["cases"]["cp2_tp2_masked"] = compared(masked_plain, run(masked(layout(2, 2))))
+    # Resume across degrees: stopped at step 2 under the first layout, finished under the second.
+    for first_cp, second_cp in ((degrees[-1], 1), (1, degrees[-1])):
+        ckpt = workdir / f"ckpt_{first_cp}_{second_cp}"
+        train(RunConfig(spec=layout(first_cp), data_dir=data_dir, max_steps=steps, device="cpu", checkpoint_dir=ckpt,
+                        on_step_end=sigterm_after(2) if dist.get_rank() == 0 else None))
+        resumed = run(layout(second_cp), checkpoint_dir=ckpt)
+        case = compared(plain, resumed)
+        case["resumed_from"] = resumed.resumed_from
+        out["cases"][f"resume_cp{first_cp}_as_cp{second_cp}"] = case
+    return out
+
+
 PRECISIONS = ("bf16", "fp8_tensorwise", "fp8_rowwise", "mxfp8")
 ARCHITECTURES = ("llama", "qwen")  # no bias, untied / q-k-v bias, tied
 
@@ -759,6 +807,8 @@ def _worker(rank: int, world: int, port: int, scenario: str, workdir: str, data_
             result = scenario_core(Path(workdir), Path(data_dir))
         elif scenario == "resume":
             result = scenario_resume(Path(workdir), Path(data_dir), seed)
+        elif scenario == "context_parallel":
+            result = scenario_context_parallel(Path(workdir), Path(data_dir))
         elif scenario == "precisions_save":
             result = scenario_precisions_save(Path(workdir), Path(data_dir))
         elif scenario == "precisions_resume":

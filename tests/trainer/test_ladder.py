@@ -22,7 +22,7 @@ from btk_trainer.train import RunConfig, main, train
 from trainer_fixtures import tiny_spec
 
 from btk.hyperparameters import JobHyperparameters, KnobLadder, to_hyperparameters
-from btk.knobs import TrainingKnobs
+from btk.knobs import knobs_from_hyperparameters
 
 FIXTURES = Path(__file__).with_name("fixtures")
 
@@ -149,7 +149,7 @@ def test_one_node_restarts_once_per_rung_and_several_nodes_never(tmp_path: Path)
         config = tmp_path / fixture
         shutil.copytree(FIXTURES / fixture, config)
         hyperparameters = json.loads((config / "hyperparameters.json").read_text())
-        knobs = TrainingKnobs.model_validate({key: hyperparameters[key] for key in TrainingKnobs.model_fields})
+        knobs = knobs_from_hyperparameters(hyperparameters)
         rungs = [knobs.model_copy(update={"activation_checkpointing": mode}) for mode in ("selective", "full")]
         hyperparameters["job.knob_ladder"] = json.dumps({"rungs": [rung.model_dump(mode="json") for rung in rungs]})
         (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
@@ -213,7 +213,7 @@ def test_one_node_restarts_once_per_rung_below_the_start(tmp_path: Path) -> None
     config = tmp_path / "one_node"
     shutil.copytree(FIXTURES / "one_node", config)
     hyperparameters = json.loads((config / "hyperparameters.json").read_text())
-    knobs = TrainingKnobs.model_validate({key: hyperparameters[key] for key in TrainingKnobs.model_fields})
+    knobs = knobs_from_hyperparameters(hyperparameters)
     rungs = [knobs.model_copy(update={"activation_checkpointing": mode}) for mode in ("selective", "full")]
     hyperparameters["job.knob_ladder"] = json.dumps({"rungs": [rung.model_dump(mode="json") for rung in rungs]})
     hyperparameters["job.start_rung"] = "1.0"
