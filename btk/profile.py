@@ -414,6 +414,7 @@ class KnobPins(BaseModel):
     tensor_parallel: int | None = None
     compile: bool | None = None
     fused_loss: bool | None = None
+    context_parallel: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {key: value for key, value in self.model_dump().items() if value is not None}

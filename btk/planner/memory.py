@@ -66,30 +66,39 @@ ADAM_STATE_BYTES = 8
 
 @dataclass(frozen=True)
 class Parallelism:
-    """How a job's GPUs are used: world size, tensor-parallel degree, sharding degree."""
+    """How a job's GPUs are used: world size, tensor- and context-parallel degrees, sharding degree (FSDP's shard
+    group: the data-parallel ranks and, under context parallelism, the ranks sharing each sequence)."""
 
     world_size: int
     gpus_per_node: int
     tensor_parallel: int
     shard_degree: int
+    context_parallel: int = 1
 
     @property
     def data_parallel(self) -> int:
+        """Ranks that read different sequences."""
+        return self.world_size // (self.tensor_parallel * self.context_parallel)
+
+    @property
+    def fsdp_ranks(self) -> int:
+        """Ranks over which FSDP shards and reduces (data-parallel x context-parallel): shard groups x replicas."""
         return self.world_size // self.tensor_parallel
 
 
 def parallelism_for(knobs: TrainingKnobs, gpus_per_node: int, nodes: int) -> Parallelism:
     """Derive the sharding degree from the knobs and the cluster shape."""
     world = gpus_per_node * nodes
-    tp = knobs.tensor_parallel
-    dp = world // tp
+    tp, cp = knobs.tensor_parallel, knobs.context_parallel
+    fsdp = world // tp  # the trainer shards over dp_shard x cp
     if knobs.sharding == "full_shard":
-        shard = dp
+        shard = fsdp
     elif knobs.sharding == "hybrid_shard":
-        shard = max(1, min(dp, gpus_per_node // tp))
+        shard = max(1, min(fsdp, gpus_per_node // tp))
     else:
         shard = 1
-    return Parallelism(world_size=world, gpus_per_node=gpus_per_node, tensor_parallel=tp, shard_degree=shard)
+    return Parallelism(world_size=world, gpus_per_node=gpus_per_node, tensor_parallel=tp, shard_degree=shard,
+                       context_parallel=cp)
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,15 @@ def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: T
     return (norms + attention + ffn + qk_norm) / t + matmul_inputs
 
 
+def gathered_key_value_bytes_per_layer(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """Bytes of the other ranks' keys and values one attention layer gathers under context parallelism (0 without):
+    ``(cp - 1) / cp`` of the micro-batch's sequences, K and V in bf16, the KV heads split by TP. Attention's backward
+    reads them: saved without checkpointing, gathered again in the recompute with it."""
+    cp = knobs.context_parallel
+    others = knobs.micro_batch_size * knobs.seq_len * (cp - 1) / cp
+    return others * 2 * arch.kv_dim * BF16 / knobs.tensor_parallel
+
+
 def layer_working_set_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """One layer's activations re-created during its recompute + backward."""
     if knobs.activation_checkpointing == "none":
@@ -203,9 +221,14 @@ def estimate_memory(
     gradients = FP32 * n_local
     optimizer = ADAM_STATE_BYTES * n_local
 
-    tokens = knobs.micro_batch_size * knobs.seq_len
+    tokens = knobs.tokens_per_micro_batch()  # this rank's share of the micro-batch under context parallelism
+    gathered = gathered_key_value_bytes_per_layer(arch, knobs)
     saved = saved_activation_bytes_per_token_per_layer(arch, knobs) * tokens * arch.num_layers
     working_set = layer_working_set_bytes_per_token(arch, knobs) * tokens
+    if knobs.activation_checkpointing == "none":
+        saved += gathered * arch.num_layers
+    else:  # checkpointing saves no gather's output (selective keeps attention's, not its inputs): recomputed
+        working_set += gathered
     logits = logits_peak_bytes(arch, knobs, tokens, whole_logits=whole_logits)
 
     block_bf16 = arch.parameters_per_layer * BF16 / tp

@@ -51,9 +51,14 @@ def _knob_line(knobs: TrainingKnobs) -> str:
     k = knobs
     return (
         f"mb={k.micro_batch_size} ga={k.gradient_accumulation_steps} seq={k.seq_len} {k.precision} "
-        f"ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel} "
+        f"ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel}{_context_parallel(k)} "
         f"compile={'on' if k.compile else 'off'} fused_loss={'on' if k.fused_loss else 'off'}"
     )
+
+
+def _context_parallel(knobs: TrainingKnobs) -> str:
+    """`` cp=N`` where the plan shares each sequence between N GPUs; nothing without context parallelism."""
+    return f" cp={knobs.context_parallel}" if knobs.context_parallel > 1 else ""
 
 
 def _memory_row(memory: MemoryBreakdown, name: str) -> str:
@@ -235,7 +240,8 @@ def _compare_knobs(comparison: InstanceComparison) -> str:
     if comparison.planned is None:
         return ""
     k = comparison.planned.knobs
-    return f"mb={k.micro_batch_size} {k.precision} ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel}"
+    return (f"mb={k.micro_batch_size} {k.precision} ac={k.activation_checkpointing} {k.sharding} "
+            f"tp={k.tensor_parallel}{_context_parallel(k)}")
 
 
 def _planned_cell(text: Callable[[PlannedFigures], str], missing: str = "") -> Callable[[InstanceComparison], str]:

@@ -38,6 +38,7 @@ from btk.errors import InfeasiblePlanError, UnknownNameError
 from btk.hardware import InstanceType, get_instance_type
 from btk.knobs import (
     CHECKPOINTING_MODES,
+    CONTEXT_PARALLEL_DEGREES,
     MAX_GRADIENT_ACCUMULATION_STEPS,
     TENSOR_PARALLEL_DEGREES,
     TrainingKnobs,
@@ -307,9 +308,14 @@ def check_runnable(profile: ModelProfile, instance: InstanceType, nodes: int, kn
         raise InfeasiblePlanError(
             f"seq_len {knobs.seq_len} exceeds {profile.name}'s max_context {arch.max_context}; lower seq_len"
         )
-    tp = knobs.tensor_parallel
+    tp, cp = knobs.tensor_parallel, knobs.context_parallel
     if tp > instance.gpus_per_node:
         raise InfeasiblePlanError(f"tensor_parallel {tp} exceeds the {instance.gpus_per_node} GPUs of a node")
+    if tp * cp > instance.gpus_per_node:
+        raise InfeasiblePlanError(
+            f"tensor_parallel {tp} x context_parallel {cp} exceeds the {instance.gpus_per_node} GPUs of a node "
+            "(the ranks sharing a sequence stay on one node)"
+        )
     if arch.num_kv_heads % tp or arch.num_attention_heads % tp:
         raise InfeasiblePlanError(
             f"tensor_parallel {tp} must divide num_kv_heads ({arch.num_kv_heads}) and "
@@ -332,6 +338,8 @@ def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int)
         if t <= instance.gpus_per_node and arch.num_kv_heads % t == 0 and arch.num_attention_heads % t == 0
     )
     micro_batches = tuple(2**i for i in range(0, 7) if 2**i <= MAX_MICRO_BATCH)
+    cps = tuple(c for c in CONTEXT_PARALLEL_DEGREES
+                if c <= instance.gpus_per_node and profile.training.seq_len % (2 * c) == 0)
     values: dict[str, tuple[Any, ...]] = {
         "precision": precisions,
         "activation_checkpointing": CHECKPOINTING_MODES,
@@ -340,6 +348,7 @@ def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int)
         "micro_batch_size": micro_batches,
         "compile": (True,),
         "fused_loss": (True,),
+        "context_parallel": cps,
     }
     for name, value in pins.items():
         if name in values:
@@ -347,17 +356,19 @@ def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int)
     return values
 
 
-def _accumulation(profile: ModelProfile, instance: InstanceType, nodes: int, micro_batch_size: int, tp: int) -> int:
+def _accumulation(profile: ModelProfile, instance: InstanceType, nodes: int, micro_batch_size: int, tp: int,
+                  cp: int = 1) -> int:
     """Gradient accumulation steps that reach the profile's global batch (or its pin)."""
     training = profile.training
-    data_parallel = instance.gpus_per_node * nodes // tp
+    data_parallel = instance.gpus_per_node * nodes // (tp * cp)
     return profile.pinned.gradient_accumulation_steps or gradient_accumulation_for(
         training.global_batch_tokens, micro_batch_size, training.seq_len, data_parallel
     )
 
 
 def _within_accumulation_bound(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> bool:
-    steps = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"])
+    steps = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"],
+                          choice.get("context_parallel", 1))
     return steps <= MAX_GRADIENT_ACCUMULATION_STEPS
 
 
@@ -388,22 +399,38 @@ def check_accumulation_bound(profile: ModelProfile, instance: InstanceType, node
 
 
 def _knobs_for(profile: ModelProfile, instance: InstanceType, nodes: int, **choice: Any) -> TrainingKnobs:
-    accumulation = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"])
+    accumulation = _accumulation(profile, instance, nodes, choice["micro_batch_size"], choice["tensor_parallel"],
+                                 choice.get("context_parallel", 1))
     return TrainingKnobs(seq_len=profile.training.seq_len, gradient_accumulation_steps=accumulation, **choice)
+
+
+def _context_parallel_worth_searching(choice: dict[str, Any], gpus_per_node: int, *, micro_batch_pinned: bool) -> bool:
+    """Whether a knob set with context parallelism can be the best one: ranks sharing a sequence need a shard group
+    (not ``no_shard``) and, with the tensor-parallel ranks, fit in a node. A micro-batch above 1 is never searched
+    with it: ``cp`` ranks with micro-batch ``m`` hold the tokens that ``m / cp`` sequences without it hold, train
+    the same global batch, and add the key/value gathers; only a single sequence too long for one GPU needs it."""
+    cp = choice["context_parallel"]
+    if cp == 1:
+        return True
+    return (choice["sharding"] != "no_shard" and choice["tensor_parallel"] * cp <= gpus_per_node
+            and (choice["micro_batch_size"] == 1 or micro_batch_pinned))
 
 
 def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: int) -> list[Evaluation]:
     """Every candidate knob set that the hardware can run (feasible or not), in fixed order."""
     values = _candidate_values(profile, instance, nodes)
     names = list(values)
+    micro_pinned = "micro_batch_size" in profile.pinned.as_dict()
     evaluations = []
     seen: set[TrainingKnobs] = set()
     for combination in itertools.product(*(values[name] for name in names)):
         choice = dict(zip(names, combination, strict=True))
+        if not _context_parallel_worth_searching(choice, instance.gpus_per_node, micro_batch_pinned=micro_pinned):
+            continue
         if (
             choice["micro_batch_size"] * profile.training.seq_len > profile.training.global_batch_tokens
             and choice["micro_batch_size"] > 1
-            and "micro_batch_size" not in profile.pinned.as_dict()
+            and not micro_pinned
         ) or not _within_accumulation_bound(profile, instance, nodes, **choice):
             continue
         if knob_combination_problem(choice["precision"], choice["tensor_parallel"]):
@@ -656,7 +683,7 @@ LADDER_RUNGS = 2
 """Rungs below the plan: enough to survive a memory estimate that is off by a quarter, few enough to fail fast."""
 LADDER_MEMORY_STEP = 0.9
 """Each rung is predicted to need at most this share of the memory of the one above it."""
-LADDER_KEPT = ("seq_len", "precision", "tensor_parallel", "compile", "fused_loss")
+LADDER_KEPT = ("seq_len", "precision", "tensor_parallel", "context_parallel", "compile", "fused_loss")
 """What a rung keeps from the plan: what is trained and how (a step down changes memory knobs only)."""
 
 
@@ -681,7 +708,8 @@ def knob_ladder(best: Evaluation, candidates: Sequence[Evaluation]) -> tuple[Eva
     return tuple(rungs)
 
 
-EXPLAINED_KNOBS = ("activation_checkpointing", "micro_batch_size", "precision", "sharding", "tensor_parallel")
+EXPLAINED_KNOBS = ("activation_checkpointing", "micro_batch_size", "precision", "sharding", "tensor_parallel",
+                   "context_parallel")
 
 
 def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]) -> list[str]:
@@ -692,6 +720,8 @@ def explain(best: Evaluation, candidates: list[Evaluation], pins: dict[str, Any]
     fastest = max(_speed(c) for c in candidates if c.fits)
     for name in EXPLAINED_KNOBS:
         value = getattr(chosen, name)
+        if name == "context_parallel" and value == 1 and name not in pins:
+            continue  # explained only where a plan shares its sequences
         if name in pins:
             lines.append(f"{name} {value}: pinned by the profile")
             continue
@@ -742,7 +772,7 @@ def plan_environment(env: EnvironmentConfig) -> dict[str, Plan]:
 
 
 #: Knobs whose change alters the tokens one micro-step trains, so the accumulation is recomputed.
-BATCH_SHAPING_KNOBS = ("micro_batch_size", "seq_len", "tensor_parallel")
+BATCH_SHAPING_KNOBS = ("micro_batch_size", "seq_len", "tensor_parallel", "context_parallel")
 
 
 @dataclass(frozen=True)
@@ -779,6 +809,7 @@ NEAREST_KNOBS = (
     "precision",
     "sharding",
     "tensor_parallel",
+    "context_parallel",
     "compile",
     "fused_loss",
 )
@@ -837,7 +868,7 @@ def _keep_global_batch(
 ) -> TrainingKnobs:
     """``knobs`` with the gradient accumulation that reaches the profile's global batch."""
     check_runnable(profile, instance, nodes, knobs)  # a tensor_parallel the node cannot hold fails here, by name
-    data_parallel = instance.gpus_per_node * nodes // knobs.tensor_parallel
+    data_parallel = instance.gpus_per_node * nodes // (knobs.tensor_parallel * knobs.context_parallel)
     target = profile.training.global_batch_tokens
     steps = gradient_accumulation_for(target, knobs.micro_batch_size, knobs.seq_len, data_parallel)
     if steps > MAX_GRADIENT_ACCUMULATION_STEPS:

@@ -70,7 +70,11 @@ Model (per GPU, per optimizer step):
   micro-batch (2 beside 10 per layer: under 1 % of the TP traffic of a 32-layer model), left
   out. The per-rank compute divides by TP, the output head's included: its logits and
   cross-entropy are vocabulary-sharded (no rank computes the full head), and the norms run on
-  a sequence shard. TP traffic does not overlap.
+  a sequence shard. TP traffic does not overlap. Context parallelism gives each rank
+  ``seq_len / cp`` of every sequence (load-balanced: the causal attention's work per token is the
+  whole sequence's average) and per layer one all-gather of the keys and values (again in any
+  recompute) and one reduce-scatter of their gradients, over NVLink and exposed
+  (:func:`context_parallel_seconds_per_step`).
 
 **MFU** uses torchtitan's convention (``6·N + 12·L·a·s`` FLOPs per token against the dense
 bf16 peak; torchtitan writes ``12·l·h·q·t`` with h heads of width q) so figures compare with
@@ -85,7 +89,7 @@ from dataclasses import dataclass, field
 from btk.hardware import InstanceType
 from btk.knobs import TrainingKnobs
 from btk.planner.cost import tokens_billion
-from btk.planner.memory import parallelism_for
+from btk.planner.memory import gathered_key_value_bytes_per_layer, parallelism_for
 from btk.profile import ModelArchitecture
 
 MFU_PEAK = "dense bf16"
@@ -310,7 +314,7 @@ def data_parallel_collectives(
     par = parallelism_for(knobs, instance.gpus_per_node, nodes)
     per_node = max(1, instance.gpus_per_node // par.tensor_parallel)  # data-parallel ranks of one TP rank per node
     shard = Collective(par.shard_degree, min(par.shard_degree, per_node))
-    replicas = par.data_parallel // par.shard_degree
+    replicas = par.fsdp_ranks // par.shard_degree
     # a replica group takes one rank from each shard group: within a node when the shard group is
     # smaller than the node's ranks (no_shard), else one rank per node
     replica = Collective(replicas, max(1, min(replicas, per_node // shard.ranks_per_node)))
@@ -448,6 +452,29 @@ def tensor_parallel_seconds_per_step(arch: ModelArchitecture, knobs: TrainingKno
     return per_layer * arch.num_layers * knobs.gradient_accumulation_steps
 
 
+def context_parallel_gathers(knobs: TrainingKnobs) -> int:
+    """All-gathers of each layer's keys and values per micro-batch: the forward's, and the recompute's under any
+    checkpointing (no policy saves a gather's output)."""
+    return 1 if knobs.activation_checkpointing == "none" else 2
+
+
+def context_parallel_seconds_per_step(arch: ModelArchitecture, knobs: TrainingKnobs, instance: InstanceType) -> float:
+    """Seconds per optimizer step that context parallelism's collectives add (0 without it), none of it hidden.
+
+    Each attention layer all-gathers the keys and values of the ranks sharing the sequence
+    (:func:`btk.planner.memory.gathered_key_value_bytes_per_layer`: ``(cp-1)/cp`` of the micro-batch's K and V)
+    before it can attend, and its backward reduce-scatters their gradients (bf16) back: NVLink inside the node
+    (the trainer keeps a sequence's ranks on one node). Counted as exposed: the gather sits between a layer's
+    projections and its attention, and the reduce-scatter before the projections' backward, with no independent
+    work beside them in the trainer's code.
+    """
+    if knobs.context_parallel == 1:
+        return 0.0
+    nvlink = instance.gpu.nvlink_gbps_per_direction.value * 1e9 * LINK_EFFICIENCY
+    per_layer = gathered_key_value_bytes_per_layer(arch, knobs) * (context_parallel_gathers(knobs) + 1) / nvlink
+    return per_layer * arch.num_layers * knobs.gradient_accumulation_steps
+
+
 def estimate_throughput(
     arch: ModelArchitecture,
     knobs: TrainingKnobs,
@@ -460,13 +487,13 @@ def estimate_throughput(
     see :func:`communication_seconds_per_step`)."""
     par = parallelism_for(knobs, instance.gpus_per_node, nodes)
     micro_batches = knobs.gradient_accumulation_steps
-    tokens_per_group_step = knobs.micro_batch_size * knobs.seq_len * micro_batches  # one TP group
+    tokens_per_group_step = knobs.tokens_per_micro_batch() * micro_batches  # one TP group
     compute = compute_seconds_per_token(arch, knobs, instance, constants) * tokens_per_group_step
     fixed = LAYER_OVERHEAD_SECONDS[knobs.compile] * arch.num_layers * micro_batches
     data_parallel, tp_seconds = communication_seconds_per_step(
         arch, knobs, instance, nodes, compute / micro_batches, constants, reduce_every_micro_batch
     )
-    exposed = data_parallel + tp_seconds
+    exposed = data_parallel + tp_seconds + context_parallel_seconds_per_step(arch, knobs, instance)
     step = compute + fixed + exposed
     tokens_per_second_per_gpu = tokens_per_group_step / knobs.tensor_parallel / step
     flops = model_flops_per_token(arch, knobs.seq_len) * tokens_per_second_per_gpu
