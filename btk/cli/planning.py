@@ -46,6 +46,8 @@ def register(subparsers: Any) -> None:
         metavar="FILE.png",
         help="draw memory and throughput of the top candidates; with several profiles, FILE-PROFILE.png each",
     )
+    _add_settings_argument(plan, "plan at a sequence length or with a knob fixed, e.g. --set seq_len=131072 or "
+                                 "--set context_parallel=4 (repeatable; seq_len keeps the profile's global batch)")
     _add_evidence_argument(plan)
     plan.set_defaults(handler=cmd_plan)
 
@@ -59,14 +61,7 @@ def register(subparsers: Any) -> None:
     estimate.add_argument("profile", type=non_empty)
     estimate.add_argument("--instance", type=non_empty, default="ml.p6-b200.48xlarge")
     estimate.add_argument("--nodes", type=node_count, default=1, help=_NODES_HELP)
-    estimate.add_argument(
-        "--set",
-        dest="settings",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a knob value over the plan's, e.g. --set precision=fp8_tensorwise (repeatable)",
-    )
+    _add_settings_argument(estimate, "a knob value over the plan's, e.g. --set precision=fp8_tensorwise (repeatable)")
     add_format_argument(estimate)
     _add_evidence_argument(estimate)
     estimate.set_defaults(handler=cmd_estimate)
@@ -91,8 +86,14 @@ def register(subparsers: Any) -> None:
     compare.add_argument(
         "--plot", type=non_empty, metavar="FILE.png", help="draw tokens/s/GPU and $ per billion tokens per instance"
     )
+    _add_settings_argument(compare, "compare at a sequence length or with a knob fixed on every instance type, "
+                                    "e.g. --set seq_len=131072 (repeatable)")
     _add_evidence_argument(compare)
     compare.set_defaults(handler=cmd_compare)
+
+
+def _add_settings_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE", help=help_text)
 
 
 def _add_evidence_argument(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +170,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from btk.planner.cost import reserved_plan_hours
     from btk.planner.evidence import correct_plan, rehearsal_record_line, runs_on_record
     from btk.planner.plot import check_plot_path, plot_plans
-    from btk.planner.search import plan_profile, rehearsal_gate
+    from btk.planner.search import plan_profile, rehearsal_gate, with_settings
 
     plot = check_plot_path(args.plot) if args.plot is not None else None
     plan_hours: int | None = None
@@ -188,7 +189,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         raise BtkError("plan needs a PROFILE (see `btk profiles`) or --env ENV")
 
-    plans = [plan_profile(get_profile(name), instance, nodes) for name in names]
+    settings = parse_settings(args.settings)
+    plans = [plan_profile(with_settings(get_profile(name), settings), instance, nodes) for name in names]
     rehearsals = [rehearsal_gate(plan, env.rehearsal.steps, env.rehearsal.min_throughput_share,
                                  require_falling_loss=env.rehearsal.require_falling_loss)
                   if args.env is not None and env.rehearses else None for plan in plans]
@@ -305,9 +307,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from btk.hardware import get_instance_type
     from btk.planner.compare import compare_instances
     from btk.planner.plot import check_plot_path, plot_compare
+    from btk.planner.search import with_settings
 
     plot = check_plot_path(args.plot) if args.plot is not None else None
-    profile = get_profile(args.profile)
+    profile = with_settings(get_profile(args.profile), parse_settings(args.settings))
     names = [name.strip() for name in args.instances.split(",") if name.strip()]
     if not names:
         raise BtkError("--instances is empty: give e.g. ml.p5.48xlarge,ml.p6-b200.48xlarge")

@@ -563,6 +563,22 @@ def legacy_baseline_knobs(profile: ModelProfile, instance: InstanceType, nodes: 
     return _knobs_for(profile, instance, nodes, **LEGACY_BASELINE)
 
 
+def with_settings(profile: ModelProfile, settings: Mapping[str, Any]) -> ModelProfile:
+    """``profile`` as ``btk plan``/``btk compare`` plan it with ``--set``: ``seq_len`` becomes its training sequence
+    (the global batch in tokens is kept), every other knob a pin the search honours.
+
+    Raises:
+        BtkError: one line naming a value no knob set can take (``parse_knobs``'s rules, checked at the
+            profile's sequence length or the one set).
+    """
+    if not settings:
+        return profile
+    probe = parse_knobs({"micro_batch_size": 1, "seq_len": profile.training.seq_len, **settings})
+    pins = {name: getattr(probe, name) for name in settings if name != "seq_len"}
+    training = profile.training.model_copy(update={"seq_len": probe.seq_len})
+    return profile.model_copy(update={"training": training, "pinned": profile.pinned.model_copy(update=pins)})
+
+
 def plan_profile(profile: ModelProfile, instance: InstanceType, nodes: int = 1) -> Plan:
     """Search the knobs and return the fastest feasible plan.
 

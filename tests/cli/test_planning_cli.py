@@ -450,3 +450,38 @@ def test_btk_compare_covers_the_whole_catalog_by_default(capsys: pytest.CaptureF
     from btk.hardware import INSTANCE_TYPES
 
     assert {row["instance_type"] for row in json.loads(out)["instances"]} == set(INSTANCE_TYPES)
+
+
+def test_plan_and_compare_take_a_sequence_length_and_keep_the_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set seq_len=N` plans the profile at N tokens (its global batch in tokens kept); a knob set is a pin."""
+    profile = get_profile("llama3.1-8b")
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--set", "seq_len=131072", "--format", "json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["knobs"]["seq_len"] == 131072 and plan["memory_gib"]["total"] <= plan["memory_gib"]["capacity"]
+    assert plan["global_batch_tokens"]["planned"] == profile.training.global_batch_tokens
+    code, out, _ = run(capsys, "plan", "llama3.1-8b", "--set", "seq_len=32768", "--set", "context_parallel=2",
+                       "--format", "json")
+    assert code == 0 and json.loads(out)["knobs"]["context_parallel"] == 2
+    instances = "ml.p5en.48xlarge,ml.p6-b200.48xlarge"
+    code, out, _ = run(capsys, "compare", "llama3.1-8b", "--instances", instances, "--set", "seq_len=131072",
+                       "--format", "json")
+    assert code == 0
+    rows = json.loads(out)["instances"]
+    assert [row["instance_type"] for row in rows] and all(row["knobs"]["seq_len"] == 131072 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("command", "setting", "message"),
+    [
+        ("plan", "seq_len=262144", "seq_len 262144 exceeds llama3.1-8b's max_context 131072"),
+        ("plan", "context_parallel=3", "context_parallel: must be one of 1, 2, 4, 8"),
+        ("compare", "seq_len=x", "seq_len"),
+        ("plan", "vocab_size=5", "--set 'vocab_size': unknown knob"),
+    ],
+)
+def test_a_setting_plan_and_compare_cannot_use_is_one_line(capsys: pytest.CaptureFixture[str], command: str,
+                                                           setting: str, message: str) -> None:
+    code, out, err = run(capsys, command, "llama3.1-8b", "--set", setting, "--instances", "ml.p6-b200.48xlarge") \
+        if command == "compare" else run(capsys, command, "llama3.1-8b", "--set", setting)
+    assert code == 2 and message in err and err.count("\n") == 1 and not out, err
