@@ -51,12 +51,12 @@ def _knob_line(knobs: TrainingKnobs) -> str:
     k = knobs
     return (
         f"mb={k.micro_batch_size} ga={k.gradient_accumulation_steps} seq={k.seq_len} {k.precision} "
-        f"ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel}{_context_parallel(k)} "
+        f"ac={k.activation_checkpointing} {k.sharding} tp={k.tensor_parallel}{context_parallel_suffix(k)} "
         f"compile={'on' if k.compile else 'off'} fused_loss={'on' if k.fused_loss else 'off'}"
     )
 
 
-def _context_parallel(knobs: TrainingKnobs) -> str:
+def context_parallel_suffix(knobs: TrainingKnobs) -> str:
     """`` cp=N`` where the plan shares each sequence between N GPUs; nothing without context parallelism."""
     return f" cp={knobs.context_parallel}" if knobs.context_parallel > 1 else ""
 
@@ -241,7 +241,7 @@ def _compare_knobs(comparison: InstanceComparison) -> str:
         return ""
     k = comparison.planned.knobs
     return (f"mb={k.micro_batch_size} {k.precision} ac={k.activation_checkpointing} {k.sharding} "
-            f"tp={k.tensor_parallel}{_context_parallel(k)}")
+            f"tp={k.tensor_parallel}{context_parallel_suffix(k)}")
 
 
 def _planned_cell(text: Callable[[PlannedFigures], str], missing: str = "") -> Callable[[InstanceComparison], str]:

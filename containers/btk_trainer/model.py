@@ -187,6 +187,16 @@ def dense_document_mask(documents: torch.Tensor) -> torch.Tensor:
     return (causal & (documents[:, :, None] == documents[:, None, :]))[:, None]
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True: attended) as the additive one SDPA adds to the scores, in the activations' dtype.
+
+    Made once per micro-batch and shared by every block: SDPA's CPU kernel converts a boolean mask to this
+    form itself, and the converted copy is what it saves for backward, one per block (a dense mask is the
+    path off CUDA: the CPU tests and the full-size dry run).
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def positioned_causal(query_positions: torch.Tensor, key_positions: torch.Tensor,
                       documents: torch.Tensor | None) -> Callable[[Any, Any, Any, Any], Any]:
     """The causal rule for queries and keys that are not one contiguous window (each side's tokens named by their
@@ -609,6 +619,8 @@ class Decoder(nn.Module):
         else:
             cos, sin = cos[positions], sin[positions]
             mask = self.positioned_attention_mask(positions, shard.key_positions(seq, tokens.device), documents)
+        if isinstance(mask, torch.Tensor):
+            mask = additive_mask(mask, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask)
         normed: torch.Tensor = self.model.norm(x)

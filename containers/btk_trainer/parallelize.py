@@ -620,8 +620,12 @@ def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: 
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    shards = "dp_shard" if shape.cp == 1 else "dp_shard_cp"  # the flattened dim only where a sequence is shared
-    dp_mesh = mesh[shards] if shape.dp_replicate == 1 else mesh["dp_replicate", shards]
+    if shape.cp == 1:
+        dp_mesh = mesh["dp_shard"] if shape.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    elif shape.dp_replicate == 1:  # the flattened dim, taken from its parts (build_mesh made it)
+        dp_mesh = mesh["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
+    else:  # HSDP needs the 2-D (replicate, shard) mesh: sliced from the root, flattened dim included
+        dp_mesh = mesh["dp_replicate", "dp_shard_cp"]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if not model.weights_tied:
         fully_shard(model.model.embed_tokens, mesh=dp_mesh, mp_policy=policy)

@@ -215,6 +215,12 @@ def fixture_case(name: str, nodes: int, **settings: str) -> dryrun.DryRunCase:
     return dryrun.profile_case(fixture_catalog.PROFILES[name], B200, nodes, settings or None)
 
 
+def long_context_case(name: str, instance_type: str, seq_len: int) -> dryrun.DryRunCase:
+    """The plan of a fixture profile at a long sequence (``btk plan --set seq_len=N``) on one node."""
+    return dryrun.profile_case(fixture_catalog.PROFILES[name], get_instance_type(instance_type), 1,
+                               {"seq_len": str(seq_len)})
+
+
 def imported_case(config_file: str, name: str) -> dryrun.DryRunCase:
     """The plan of a profile imported from a real config.json (tests/hf_configs) on one B200 node."""
     config = json.loads((Path(__file__).resolve().parents[1] / "hf_configs" / config_file).read_text())
@@ -229,6 +235,10 @@ FULL_SIZE = {
     "granite": lambda: imported_case("granite-3.3-8b-instruct.json", "granite-3.3-8b"),
     "smollm3": lambda: imported_case("smollm3-3b.json", "smollm3-3b"),
     "phi3": lambda: imported_case("phi-4.json", "phi-4"),
+    # Long contexts, each family at its longest: Llama 3.1 8B at 131,072 tokens on B300 (context parallelism),
+    # Qwen2.5 14B at 32,768 on B200.
+    "long-context-llama": lambda: long_context_case("llama3.1-8b", "ml.p6-b300.48xlarge", 131072),
+    "long-context-qwen": lambda: long_context_case("qwen2.5-14b", "ml.p6-b200.48xlarge", 32768),
 }
 DRY_RUN_JOBS = 2
 """Cases run side by side: one core each (CI has two)."""
@@ -251,7 +261,7 @@ def test_full_size_plan_builds_trains_and_fits(full_size: dict[str, dryrun.DryRu
     case = result.case
     assert result.error is None and result.measured is not None
     shape = mesh_shape(case.world_size, case.nodes, case.knobs)
-    shards = result.measured.parameters * dryrun.GIB / 4 * shape.dp_shard * shape.tp
+    shards = result.measured.parameters * dryrun.GIB / 4 * shape.dp_shard * shape.cp * shape.tp
     assert case.architecture.parameter_count <= shards <= case.architecture.parameter_count * 1.001
     assert result.projected_gib is not None
     if result.memory_compared:  # an emulated precision's peak holds the emulation's temporaries
