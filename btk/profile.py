@@ -463,6 +463,7 @@ class ModelProfile(BaseModel):
                     "pinned.tensor_parallel",
                     f"pinned.tensor_parallel ({tp}) must divide num_kv_heads ({self.architecture.num_kv_heads})",
                 )
+        self._check_context_parallel_pin()
         published, counted = self.published_parameter_count, self.parameter_count
         if published is not None and published != counted:
             raise FieldError(
@@ -472,6 +473,21 @@ class ModelProfile(BaseModel):
                 "qk_norm, tied_embeddings and the biases against its config.json",
             )
         return self
+
+    def _check_context_parallel_pin(self) -> None:
+        """A pinned context-parallel degree the trainer can run with the profile's sequence and sharding pin."""
+        cp = self.pinned.context_parallel
+        if cp is None:
+            return
+        field = "pinned.context_parallel"
+        if cp not in (1, 2, 4, 8):
+            raise FieldError(field, f"{field} must be one of 1, 2, 4, 8")
+        if cp > 1 and self.training.seq_len % (2 * cp):
+            raise FieldError(field, f"{field} ({cp}) splits each sequence into {2 * cp} equal chunks: "
+                                    f"training.seq_len ({self.training.seq_len}) must be a multiple of {2 * cp}")
+        if cp > 1 and self.pinned.sharding == "no_shard":
+            raise FieldError(field, f"{field} ({cp}) needs sharding full_shard or hybrid_shard, "
+                                    "not the pinned no_shard")
 
     @property
     def parameter_count(self) -> int:

@@ -135,6 +135,10 @@ def test_random_profiles_validate_or_raise_validation_error(
         ({"training": {"seq_len": 1024, "global_batch_tokens": 4096}}, "training.seq_len: "),
         ({"training": {"seq_len": 256, "global_batch_tokens": 128}}, "training.global_batch_tokens: "),
         ({"pinned": {"tensor_parallel": 3}}, "pinned.tensor_parallel: "),
+        ({"pinned": {"context_parallel": 3}}, "pinned.context_parallel: "),
+        ({"pinned": {"context_parallel": 8}, "training": {"seq_len": 200, "global_batch_tokens": 4000}},
+         "pinned.context_parallel: "),
+        ({"pinned": {"context_parallel": 2, "sharding": "no_shard"}}, "pinned.context_parallel: "),
         ({"name": "tiny\n"}, "name: "),
     ],
 )
