@@ -31,7 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from btk.errors import BtkError, FieldError, one_line
 from btk.jsonfile import parse_json
-from btk.knobs import KNOB_FIELDS, TrainingKnobs, encode_value, knobs_from_hyperparameters, knobs_to_hyperparameters
+from btk.knobs import (
+    KNOB_FIELDS,
+    TrainingKnobs,
+    encode_value,
+    knobs_as_json,
+    knobs_from_hyperparameters,
+    knobs_to_hyperparameters,
+)
 from btk.profile import PROFILE_NAME_PATTERN, ModelArchitecture, TrainingIntent
 
 SAGEMAKER_RESERVED_PREFIX = "sagemaker_"
@@ -174,6 +181,9 @@ _SECTIONS: dict[str, str] = {"arch.": "architecture", "train.": "training", "job
 def _encode(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, KnobLadder):  # each rung as the knobs are written: earlier ladders' text unchanged
+        return json.dumps({"rungs": [knobs_as_json(rung) for rung in value.rungs]}, sort_keys=True,
+                          separators=(",", ":"))
     if isinstance(value, BaseModel):
         return json.dumps(value.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     if isinstance(value, float):

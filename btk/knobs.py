@@ -135,6 +135,12 @@ def encode_value(value: Any) -> str:
     return str(value)
 
 
+def knobs_as_json(knobs: TrainingKnobs) -> dict[str, Any]:
+    """The knobs as a JSON object (a rung of a job's knob ladder), ``LEFT_OUT_AT_DEFAULT`` knobs only where set."""
+    return {name: value for name, value in knobs.model_dump(mode="json").items()
+            if name not in TrainingKnobs.LEFT_OUT_AT_DEFAULT or value != TrainingKnobs.model_fields[name].default}
+
+
 def knobs_to_hyperparameters(knobs: TrainingKnobs) -> dict[str, str]:
     """Serialise the knobs as SageMaker hyperparameters (string keys, string values); the knobs of
     ``LEFT_OUT_AT_DEFAULT`` only where they differ from their default."""

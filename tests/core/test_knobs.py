@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import fixture_catalog
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from btk.catalog import all_profiles
 from btk.errors import BtkError
-from btk.hyperparameters import JobHyperparameters, JobSettings, from_hyperparameters, to_hyperparameters
+from btk.hyperparameters import JobHyperparameters, JobSettings, KnobLadder, from_hyperparameters, to_hyperparameters
 from btk.knobs import (
     CHECKPOINTING_MODES,
     CONTEXT_PARALLEL_DEGREES,
@@ -121,3 +124,18 @@ def test_missing_architecture_field_is_named_with_its_prefix() -> None:
     del encoded["arch.hidden_size"]
     with pytest.raises(BtkError, match=r"arch\.hidden_size"):
         from_hyperparameters(encoded)
+
+
+def test_a_knob_added_later_leaves_earlier_jobs_hyperparameters_and_ladders_as_they_were() -> None:
+    """``context_parallel`` at 1 is written nowhere (knobs, the knob ladder's rungs): a plan made before it existed
+    gives the same job; set, it is written and read back."""
+    plain = TrainingKnobs(micro_batch_size=2, seq_len=4096, activation_checkpointing="selective")
+    shared = plain.model_copy(update={"context_parallel": 2})
+    profile = fixture_catalog.LLAMA_8B
+    spec = JobHyperparameters(knobs=plain, architecture=profile.architecture, training=profile.training,
+                              job=JobSettings(profile=profile.name, knob_ladder=KnobLadder(rungs=(plain, shared))))
+    encoded = to_hyperparameters(spec)
+    assert "context_parallel" not in encoded
+    rungs = json.loads(encoded["job.knob_ladder"])["rungs"]
+    assert "context_parallel" not in rungs[0] and rungs[1]["context_parallel"] == 2
+    assert from_hyperparameters(encoded) == spec
