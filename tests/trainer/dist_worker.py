@@ -482,6 +482,8 @@ def scenario_context_parallel(workdir: Path, data_dir: Path) -> dict[str, Any]:
     if world >= 4:  # composed with tensor parallelism (sequence-parallel norms between the attention layers)
         out["cases"]["cp2_tp2"] = compared(plain, run(layout(2, 2)))
         out["cases"]["cp2_tp2_masked"] = compared(masked_plain, run(masked(layout(2, 2))))
+        # and with HSDP: the 4 ranks as 2 nodes, a sequence's 2 ranks the shard group, replicated across the nodes
+        out["cases"]["cp2_hybrid_2_nodes"] = compared(plain, run(layout(2, sharding="hybrid_shard"), nnodes=2))
     # Resume across degrees: stopped at step 2 under the first layout, finished under the second.
     for first_cp, second_cp in ((degrees[-1], 1), (1, degrees[-1])):
         ckpt = workdir / f"ckpt_{first_cp}_{second_cp}"

@@ -2,10 +2,10 @@
 holding the whole sequence trains.
 
 The gloo runs (tests/trainer/dist_worker.py, scenario ``context_parallel``) train the tiny Llama for four
-whole steps (clipping, AdamW) with each sequence shared by 2 and 4 ranks, with document masking, under full
-activation checkpointing and composed with tensor parallelism (2 x 2), against the run that does not share
-sequences on the same windows; and resume a run stopped under one degree under another. Tolerance: fp32,
-1e-5 (the ranks' partial sums only reorder additions).
+whole steps (clipping, AdamW) with each sequence shared by 2 and 4 ranks, with document masking, under
+selective and full activation checkpointing, composed with tensor parallelism (2 x 2) and with HSDP (4 ranks
+as 2 nodes), against the run that does not share sequences on the same windows; and resume a run stopped
+under one degree under another. Tolerance: fp32, 1e-5 (the ranks' partial sums only reorder additions).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_sharing_each_sequence_trains_what_one_rank_holding_it_trains(runs: dict
     expected = {f"cp{cp}{variant}" for cp in (2, 4) if cp <= runs["world"]
                 for variant in ("", "_masked", "_selective_checkpointing", "_full_checkpointing")}
     if runs["world"] >= 4:
-        expected |= {"cp2_tp2", "cp2_tp2_masked"}
+        expected |= {"cp2_tp2", "cp2_tp2_masked", "cp2_hybrid_2_nodes"}
     assert expected <= set(runs["cases"])
     for name in expected:
         case = runs["cases"][name]
