@@ -11,6 +11,7 @@ everywhere (``dp_shard = 1``, plain data parallel through the same code path).
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -625,7 +626,11 @@ def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: 
     elif shape.dp_replicate == 1:  # the flattened dim, taken from its parts (build_mesh made it)
         dp_mesh = mesh["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
     else:  # HSDP needs the 2-D (replicate, shard) mesh: sliced from the root, flattened dim included
-        dp_mesh = mesh["dp_replicate", "dp_shard_cp"]
+        with warnings.catch_warnings():
+            # torch 2.13 says slicing a flattened dim from the root mesh "will be deprecated" and offers no other
+            # way to build this 2-D mesh (torchtitan slices it alike): nothing a user of the trainer can change.
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh", category=UserWarning)
+            dp_mesh = mesh["dp_replicate", "dp_shard_cp"]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if not model.weights_tied:
         fully_shard(model.model.embed_tokens, mesh=dp_mesh, mp_policy=policy)
