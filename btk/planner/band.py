@@ -367,7 +367,7 @@ def outside_evidence(family: str, parameters: float, seq_len: int, nodes: int,
     """Each way the question lies outside the published runs, with how far (empty when inside)."""
     envelope = (stored or _stored())["envelope"]
     ways = [
-        None if family in envelope["families"] else f"no published run on {family} GPUs",
+        None if family in envelope["families"] else f"no published run on {family} GPUs is fitted",
         _beyond("model size", parameters, envelope["parameters"], lambda value: f"{value / 1e9:.2f}B"),
         _beyond("seq_len", seq_len, envelope["seq_len"], lambda value: f"{value:,.0f}"),
         _beyond("node count", nodes, envelope["nodes"], lambda value: f"{value:,.0f}"),

@@ -73,8 +73,12 @@ GPU_FAMILIES = {
     "hopper": ("H100", "H200", "H100_96GB_GRAND_TETON"),
     "blackwell": ("B200",),
     "ampere": ("A100_80GB", "A100_40GB"),
+    "grace-blackwell": ("GB200",),
 }
-FAMILIES = tuple(GPU_FAMILIES)
+ASSUMED_FROM = {"grace-blackwell": "blackwell"}
+"""Families no fit sees (their runs are held out), predicted with another family's fitted constants: the
+catalog's own assumption (``btk.hardware``: GB200's efficiency is B200's)."""
+FAMILIES = tuple(family for family in GPU_FAMILIES if family not in ASSUMED_FROM)
 ATTENTION_FAMILY = {"hopper": "hopper", "blackwell": "hopper", "ampere": "ampere"}
 """Whose attention efficiency a family uses: no published B200 run varies the sequence length."""
 ATTENTION_FAMILIES = tuple(dict.fromkeys(ATTENTION_FAMILY.values()))
@@ -133,12 +137,14 @@ def family_of(gpu_key: str) -> str:
 def _system(spec: dict[str, Any]) -> tuple[InstanceType, str]:
     gpu: GpuSpec = getattr(hardware, spec["gpu"])
     network = spec.get("network_gbps_per_gpu") or 0
+    domain = spec.get("nvlink_domain_nodes")  # nodes (compute trays) one NVLink domain joins, where it is more than one
     instance = InstanceType(
         name=spec["gpu"],
         gpu=gpu,
         gpus_per_node=spec["gpus_per_node"],
         efa_gbps_per_node=Fact(float(network * spec["gpus_per_node"]), spec["note"], "published"),
         usd_per_hour=Fact(0.0, "not a rentable instance", "published", estimate=True),
+        ultraservers=(hardware.UltraServer(spec["gpu"], domain, spec["note"], "published"),) if domain else (),
     )
     return instance, family_of(spec["gpu"])
 
@@ -208,11 +214,12 @@ def current_parameters() -> Parameters:
 
 def predict_tokens_per_second(point: CalibrationPoint, params: Parameters) -> float:
     """The published tokens/s/GPU as the model predicts it, engine and power limit included."""
+    family = ASSUMED_FROM.get(point.family, point.family)
     gpu = dataclasses.replace(
         point.system.gpu,
-        achieved_matmul_fraction=Fact(params.fraction[point.family], "fit", "fit"),
-        non_matmul_overhead=Fact(params.overhead[point.family], "fit", "fit"),
-        attention_efficiency=Fact(params.attention[ATTENTION_FAMILY[point.family]], "fit", "fit"),
+        achieved_matmul_fraction=Fact(params.fraction[family], "fit", "fit"),
+        non_matmul_overhead=Fact(params.overhead[family], "fit", "fit"),
+        attention_efficiency=Fact(params.attention[ATTENTION_FAMILY[family]], "fit", "fit"),
     )
     system = dataclasses.replace(point.system, gpu=gpu)
     megatron = point.engine == "megatron"

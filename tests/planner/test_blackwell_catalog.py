@@ -90,7 +90,7 @@ def test_a_plan_on_a_gpu_without_published_runs_says_it_is_outside_the_evidence(
     for instance in NEW:
         band = band_for(instance, profile.architecture.parameter_count, profile.training.seq_len, 1)
         assert not band.measured
-        assert f"no published run on {instance.gpu.family} GPUs" in band.describe()
+        assert f"no published run on {instance.gpu.family} GPUs is fitted" in band.describe()
     assert band_for(B200, profile.architecture.parameter_count, profile.training.seq_len, 1).outside == ()
 
 

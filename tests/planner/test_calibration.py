@@ -265,7 +265,7 @@ def test_the_bands_rebuilt_without_each_source_cover_its_runs_near_the_target(re
         (("hopper", 8e9, 8192, 64), "node count 64 is above the largest published run's 32 (2x larger)"),
         (("hopper", 8e9, 131072, 1), "seq_len 131,072 is above the largest published run's 65,536 (2x larger)"),
         (("hopper", 0.35e9, 8192, 1), "model size 0.35B is below the smallest published run's"),
-        (("rubin", 8e9, 8192, 1), "no published run on rubin GPUs"),
+        (("rubin", 8e9, 8192, 1), "no published run on rubin GPUs is fitted"),
     ],
 )
 def test_a_question_outside_the_evidence_has_no_band_and_says_how_far(
