@@ -170,8 +170,9 @@ def _lock_hashes(text: str) -> dict[str, set[str]]:
     return hashes
 
 
-def _wheel_for(files: list[dict[str, object]], machine: str) -> dict[str, object] | None:
-    """The wheel pip picks for CPython 3.12 on manylinux_2_28 ``machine``: the first of its tags, by priority."""
+def _wheel_for(files: list[tuple[str, str]], machine: str) -> tuple[str, str] | None:
+    """The wheel pip picks for CPython 3.12 on manylinux_2_28 ``machine`` from ``(filename, sha256)`` pairs: the
+    first of its tags, by priority."""
     from packaging.tags import compatible_tags, cpython_tags
     from packaging.utils import parse_wheel_filename
 
@@ -179,8 +180,7 @@ def _wheel_for(files: list[dict[str, object]], machine: str) -> dict[str, object
     platforms = [tag for minor in range(28, 4, -1) for tag in
                  (f"manylinux_2_{minor}_{machine}", *([f"{legacy[minor]}_{machine}"] if minor in legacy else []))]
     ranked = [*cpython_tags((3, 12), platforms=platforms), *compatible_tags((3, 12), platforms=platforms)]
-    wheels = [(parse_wheel_filename(str(item["filename"]))[3], item) for item in files
-              if str(item["filename"]).endswith(".whl")]
+    wheels = [(parse_wheel_filename(item[0])[3], item) for item in files if item[0].endswith(".whl")]
     for tag in ranked:
         for tags, item in wheels:
             if tag in tags:
@@ -199,7 +199,8 @@ def test_the_lock_holds_the_hash_of_the_wheel_each_image_platform_installs(machi
     text = LOCK.read_text()
     hashes = _lock_hashes(text)
 
-    def release(pin: tuple[str, str]) -> tuple[str, list[dict[str, object]]]:
+    def release(pin: tuple[str, str]) -> tuple[str, list[tuple[str, str]]]:
+        """The pin's wheels on PyPI as (filename, sha256)."""
         from packaging.utils import canonicalize_name, parse_wheel_filename
 
         name, version = pin
@@ -209,7 +210,8 @@ def test_the_lock_holds_the_hash_of_the_wheel_each_image_platform_installs(machi
             files = json.load(answer)["files"]
         wheels = [item for item in files  # this version's wheels; other versions' names may predate PEP 427's rules
                   if str(item["filename"]).endswith(".whl") and str(item["filename"]).split("-")[1] == version]
-        return name, [item for item in wheels if str(parse_wheel_filename(str(item["filename"]))[1]) == version]
+        return name, [(str(item["filename"]), str(item["hashes"]["sha256"])) for item in wheels
+                      if str(parse_wheel_filename(str(item["filename"]))[1]) == version]
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         releases = dict(pool.map(release, lock_pins(text).items()))
@@ -218,6 +220,6 @@ def test_the_lock_holds_the_hash_of_the_wheel_each_image_platform_installs(machi
         wheel = _wheel_for(files, machine)
         if wheel is None:
             problems.append(f"{name}: no wheel for {machine}")
-        elif dict(wheel["hashes"])["sha256"] not in hashes[name]:  # type: ignore[call-overload]
-            problems.append(f"{name}: {wheel['filename']} is not hashed in the lock")
+        elif wheel[1] not in hashes[name]:
+            problems.append(f"{name}: {wheel[0]} is not hashed in the lock")
     assert not problems, problems
