@@ -134,12 +134,13 @@ class ReservationRequest:
             )
         )
 
-    def describe_capacity(self) -> str:
-        """``2 x ml.p6-b200.48xlarge``, or for an UltraServer booking ``1 x ml.u-p6e-gb200x72 (16 x ...)``."""
+    def describe_window(self) -> str:
+        """``2 x ml.p6-b200.48xlarge, 168 h after 2027-01-04T00:00:00Z`` (an UltraServer booking names its
+        UltraServers first: ``1 x ml.u-p6e-gb200x72 (16 x ml.p6e-gb200.36xlarge), ...``)."""
         instances = f"{self.instance_count} x {self.instance_type}"
         if self.ultraserver_type:
-            return f"{self.ultraserver_count} x {self.ultraserver_type} ({instances})"
-        return instances
+            instances = f"{self.ultraserver_count} x {self.ultraserver_type} ({instances})"
+        return f"{instances}, {self.duration_hours} h after {iso(self.start_after)}"
 
     def to_properties(self) -> dict[str, str]:
         """Custom-resource properties (CloudFormation passes every value as a string)."""

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from btk.capacity.aws import _answer, _error_code, _one_line
-from btk.capacity.model import CapacityError, Offering, ReservationRequest, TrainingPlan, iso
+from btk.capacity.model import CapacityError, Offering, ReservationRequest, TrainingPlan
 from btk.capacity.offerings import duplicate_ids, list_offerings, rank_offerings, rejection, search_offerings
 from btk.capacity.plans import (
     DEFAULT_POLL_SECONDS,
@@ -100,7 +100,7 @@ def find_or_buy_plan(
         )
 
     offerings = rank_offerings(search_offerings(client, request), request.availability_zone)
-    window = f"{request.describe_capacity()}, {request.duration_hours} h after {iso(request.start_after)}"
+    window = request.describe_window()
     if not offerings:
         raise CapacityError(f"no training-plan offerings for {window}: widen the window or change the duration")
     listing = list_offerings(offerings, request, max_upfront_fee)

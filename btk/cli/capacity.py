@@ -105,9 +105,7 @@ def _search(args: argparse.Namespace) -> int:
             sort_keys=True,
         )
         return 0
-    window = f"{request.describe_capacity()}, {request.duration_hours} h after " + (
-        capacity.iso(request.start_after)
-    )
+    window = request.describe_window()
     print(f"{env.name}: training-plan offerings for {window} (AZ {env.availability_zone})")
     print(f"{profile}: {tokens_per_second_per_gpu:,.0f} tokens/s/GPU x {gpus} GPUs (planner)")
     print(rehearsed_line)
@@ -296,9 +294,7 @@ def _show(args: argparse.Namespace) -> int:
             max_upfront_fee=config.max_upfront_fee,
             purchase_approved=config.purchase_approved,
         )
-        window = f"{request.describe_capacity()}, {request.duration_hours} h after " + (
-            capacity.iso(request.start_after)
-        )
+        window = request.describe_window()
         if request.end_before is not None:
             window += f", ending before {capacity.iso(request.end_before)}"
         lines.append(f"{env.name}: reserve {window} in {env.availability_zone}")
