@@ -94,15 +94,9 @@ class TrainingKnobs(BaseModel):
         problem = knob_combination_problem(self.precision, self.tensor_parallel)
         if problem:
             raise ValueError(problem)
-        if self.context_parallel > 1 and self.sharding == "no_shard":
-            # the ranks of one sequence reduce its gradients: they are a shard group of FSDP
-            raise ValueError(f"context_parallel {self.context_parallel} needs sharding full_shard or hybrid_shard, "
-                             "not no_shard")
-        if self.context_parallel > 1 and self.seq_len % (2 * self.context_parallel):
-            raise ValueError(
-                f"context_parallel {self.context_parallel} splits each sequence into {2 * self.context_parallel} "
-                f"equal chunks: seq_len {self.seq_len} must be a multiple of {2 * self.context_parallel}"
-            )
+        problem = context_parallel_problem(self.context_parallel, self.seq_len, self.sharding)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def tokens_per_micro_batch(self) -> int:
@@ -128,6 +122,23 @@ def knob_combination_problem(precision: str, tensor_parallel: int) -> str | None
     return None
 
 
+def context_parallel_problem(context_parallel: int, seq_len: int, sharding: str) -> str | None:
+    """Why ``context_parallel`` cannot train sequences of ``seq_len`` under ``sharding``; ``None`` when it can.
+
+    The one rule for every consumer, as :func:`knob_combination_problem`: ``TrainingKnobs``, a profile's
+    ``pinned.context_parallel`` and the planner's search.
+    """
+    if context_parallel not in CONTEXT_PARALLEL_DEGREES:
+        return f"context_parallel must be one of {', '.join(map(str, CONTEXT_PARALLEL_DEGREES))}"
+    if context_parallel > 1 and sharding == "no_shard":  # the ranks of one sequence reduce its gradients as shards
+        return f"context_parallel {context_parallel} needs sharding full_shard or hybrid_shard, not no_shard"
+    chunks = 2 * context_parallel
+    if context_parallel > 1 and seq_len % chunks:
+        return (f"context_parallel {context_parallel} splits each sequence into {chunks} equal chunks: "
+                f"seq_len {seq_len} must be a multiple of {chunks}")
+    return None
+
+
 def encode_value(value: Any) -> str:
     """Encode one hyperparameter value as SageMaker's string form (bools as true/false)."""
     if isinstance(value, bool):
@@ -136,20 +147,15 @@ def encode_value(value: Any) -> str:
 
 
 def knobs_as_json(knobs: TrainingKnobs) -> dict[str, Any]:
-    """The knobs as a JSON object (a rung of a job's knob ladder), ``LEFT_OUT_AT_DEFAULT`` knobs only where set."""
+    """The knobs a job is given, as a JSON object: ``LEFT_OUT_AT_DEFAULT`` knobs only where they differ from their
+    default, so the jobs and ladders of earlier plans are unchanged."""
     return {name: value for name, value in knobs.model_dump(mode="json").items()
             if name not in TrainingKnobs.LEFT_OUT_AT_DEFAULT or value != TrainingKnobs.model_fields[name].default}
 
 
 def knobs_to_hyperparameters(knobs: TrainingKnobs) -> dict[str, str]:
-    """Serialise the knobs as SageMaker hyperparameters (string keys, string values); the knobs of
-    ``LEFT_OUT_AT_DEFAULT`` only where they differ from their default."""
-    return {
-        name: encode_value(getattr(knobs, name))
-        for name in KNOB_FIELDS
-        if name not in TrainingKnobs.LEFT_OUT_AT_DEFAULT
-        or getattr(knobs, name) != TrainingKnobs.model_fields[name].default
-    }
+    """Serialise the knobs as SageMaker hyperparameters (string keys, string values), as :func:`knobs_as_json`."""
+    return {name: encode_value(value) for name, value in knobs_as_json(knobs).items()}
 
 
 def knobs_from_hyperparameters(hyperparameters: dict[str, str]) -> TrainingKnobs:

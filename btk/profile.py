@@ -27,6 +27,7 @@ from btk.knobs import (
     ActivationCheckpointing,
     Precision,
     Sharding,
+    context_parallel_problem,
 )
 
 MIN_VOCAB_SIZE = max(TENSOR_PARALLEL_DEGREES)
@@ -477,17 +478,10 @@ class ModelProfile(BaseModel):
     def _check_context_parallel_pin(self) -> None:
         """A pinned context-parallel degree the trainer can run with the profile's sequence and sharding pin."""
         cp = self.pinned.context_parallel
-        if cp is None:
-            return
-        field = "pinned.context_parallel"
-        if cp not in (1, 2, 4, 8):
-            raise FieldError(field, f"{field} must be one of 1, 2, 4, 8")
-        if cp > 1 and self.training.seq_len % (2 * cp):
-            raise FieldError(field, f"{field} ({cp}) splits each sequence into {2 * cp} equal chunks: "
-                                    f"training.seq_len ({self.training.seq_len}) must be a multiple of {2 * cp}")
-        if cp > 1 and self.pinned.sharding == "no_shard":
-            raise FieldError(field, f"{field} ({cp}) needs sharding full_shard or hybrid_shard, "
-                                    "not the pinned no_shard")
+        sharding = self.pinned.sharding or ""  # not pinned: the search picks one that suits
+        problem = None if cp is None else context_parallel_problem(cp, self.training.seq_len, sharding)
+        if problem:
+            raise FieldError("pinned.context_parallel", f"pinned.{problem}")
 
     @property
     def parameter_count(self) -> int:

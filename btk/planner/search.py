@@ -42,6 +42,7 @@ from btk.knobs import (
     MAX_GRADIENT_ACCUMULATION_STEPS,
     TENSOR_PARALLEL_DEGREES,
     TrainingKnobs,
+    context_parallel_problem,
     knob_combination_problem,
     knobs_to_hyperparameters,
     parse_knobs,
@@ -338,8 +339,7 @@ def _candidate_values(profile: ModelProfile, instance: InstanceType, nodes: int)
         if t <= instance.gpus_per_node and arch.num_kv_heads % t == 0 and arch.num_attention_heads % t == 0
     )
     micro_batches = tuple(2**i for i in range(0, 7) if 2**i <= MAX_MICRO_BATCH)
-    cps = tuple(c for c in CONTEXT_PARALLEL_DEGREES
-                if c <= instance.gpus_per_node and profile.training.seq_len % (2 * c) == 0)
+    cps = tuple(c for c in CONTEXT_PARALLEL_DEGREES if c <= instance.gpus_per_node)
     values: dict[str, tuple[Any, ...]] = {
         "precision": precisions,
         "activation_checkpointing": CHECKPOINTING_MODES,
@@ -404,15 +404,18 @@ def _knobs_for(profile: ModelProfile, instance: InstanceType, nodes: int, **choi
     return TrainingKnobs(seq_len=profile.training.seq_len, gradient_accumulation_steps=accumulation, **choice)
 
 
-def _context_parallel_worth_searching(choice: dict[str, Any], gpus_per_node: int, *, micro_batch_pinned: bool) -> bool:
-    """Whether a knob set with context parallelism can be the best one: ranks sharing a sequence need a shard group
-    (not ``no_shard``) and, with the tensor-parallel ranks, fit in a node. A micro-batch above 1 is never searched
-    with it: ``cp`` ranks with micro-batch ``m`` hold the tokens that ``m / cp`` sequences without it hold, train
-    the same global batch, and add the key/value gathers; only a single sequence too long for one GPU needs it."""
+def _context_parallel_worth_searching(choice: dict[str, Any], seq_len: int, gpus_per_node: int, *,
+                                      micro_batch_pinned: bool) -> bool:
+    """Whether a knob set with context parallelism can run and be the best one: the trainer takes it
+    (:func:`btk.knobs.context_parallel_problem`) and, with the tensor-parallel ranks, it fits in a node. A
+    micro-batch above 1 is never searched with it: ``cp`` ranks with micro-batch ``m`` hold the tokens that
+    ``m / cp`` sequences without it hold, train the same global batch, and add the key/value gathers; only a single
+    sequence too long for one GPU needs it."""
     cp = choice["context_parallel"]
     if cp == 1:
         return True
-    return (choice["sharding"] != "no_shard" and choice["tensor_parallel"] * cp <= gpus_per_node
+    return (context_parallel_problem(cp, seq_len, choice["sharding"]) is None
+            and choice["tensor_parallel"] * cp <= gpus_per_node
             and (choice["micro_batch_size"] == 1 or micro_batch_pinned))
 
 
@@ -425,7 +428,8 @@ def enumerate_candidates(profile: ModelProfile, instance: InstanceType, nodes: i
     seen: set[TrainingKnobs] = set()
     for combination in itertools.product(*(values[name] for name in names)):
         choice = dict(zip(names, combination, strict=True))
-        if not _context_parallel_worth_searching(choice, instance.gpus_per_node, micro_batch_pinned=micro_pinned):
+        if not _context_parallel_worth_searching(choice, profile.training.seq_len, instance.gpus_per_node,
+                                                 micro_batch_pinned=micro_pinned):
             continue
         if (
             choice["micro_batch_size"] * profile.training.seq_len > profile.training.global_batch_tokens
