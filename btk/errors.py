@@ -46,12 +46,14 @@ class FieldError(ValueError):
         self.field = field
 
 
-def _models_in(annotation: Any) -> tuple[type[BaseModel], ...]:
+def models_in(annotation: Any) -> tuple[type[BaseModel], ...]:
     """The pydantic models an annotation can hold (``X``, ``X | None``, ``X | Y``)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return (annotation,)
+    if typing.get_origin(annotation) is typing.Annotated:  # a discriminated union, or a member's tag
+        return models_in(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return tuple(model for arg in typing.get_args(annotation) for model in _models_in(arg))
+        return tuple(model for arg in typing.get_args(annotation) for model in models_in(arg))
     return ()
 
 
@@ -62,7 +64,7 @@ def nested_models(root: type[BaseModel]) -> dict[str, tuple[type[BaseModel], str
     while pending:
         model, prefix = pending.pop()
         for name, info in model.model_fields.items():
-            for nested in _models_in(info.annotation):
+            for nested in models_in(info.annotation):
                 if nested.__name__ not in found:
                     found[nested.__name__] = (nested, f"{prefix}{name}")
                     pending.append((nested, f"{prefix}{name}."))
@@ -78,7 +80,7 @@ def field_path(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str
         if len(current) > 1 and not fields:
             continue  # the tag pydantic inserts for a discriminated union ("reserve")
         parts.append(str(part))
-        current = tuple(nested for info in fields for nested in _models_in(info.annotation))
+        current = tuple(nested for info in fields for nested in models_in(info.annotation))
     return ".".join(parts)
 
 

@@ -13,7 +13,7 @@ code reads it, whether the config class declares it or not. The profile is writt
 Python module to commit or as JSON. Anything the trainer does not implement is refused naming
 every ``config.json`` field at fault in one line: mixture-of-experts, sliding-window attention
 (as transformers decides it: Mistral's default window, Qwen's ``use_sliding_window``), logit
-soft-capping, vision/audio towers, RoPE other than Llama 3's or on part of a head, activations
+soft-capping, vision/audio towers, RoPE scaling other than Llama 3's and YaRN, RoPE on part of a head, activations
 other than SiLU, MLP biases, attention, residual or embedding dropout, blocks without RoPE in any
 pattern but every n-th, quantised checkpoints. The inverse, the ``config.json`` the trainer
 exports, is ``btk_trainer.model.hf_config``; importing what it writes gives the same
@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from btk.errors import BtkError, FieldError, printable
+from btk.errors import BtkError, FieldError, field_path, printable
 from btk.knobs import MAX_SEQ_LEN
 from btk.profile import (
     PROFILE_NAME,
@@ -43,6 +43,7 @@ from btk.profile import (
     ModelProfile,
     RopeScaling,
     TrainingIntent,
+    YarnRopeScaling,
 )
 
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen", "qwen3": "qwen", "olmo2": "olmo",
@@ -176,9 +177,9 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
                                  f"transformers' {type(hf).__name__} reads it) is not supported by the trainer"))
     rope = getattr(hf, "rope_parameters", None) or {}
     kind = rope.get("rope_type", "default")
-    if kind not in ("default", "llama3"):
+    if kind not in ("default", "llama3", "yarn"):
         problems.append(_refusal("rope_parameters", f"rope_type {printable(repr(kind))[:40]} is not supported "
-                                 "(Llama 3 scaling only)"))
+                                 "(Llama 3's scaling and YaRN only)"))
     factor = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
     if factor not in (None, 1, 1.0):
         problems.append(_refusal("partial_rotary_factor", f"{printable(repr(factor))[:40]}: rotary embeddings on "
@@ -223,12 +224,31 @@ def _granite_scalars(hf: Any, model_type: str) -> dict[str, Any]:
 
 
 def _rope(hf: Any) -> tuple[Any, Any]:
-    """(rope_theta, rope_scaling fields or None) of transformers' ``rope_parameters``."""
+    """(rope_theta, rope_scaling fields or None) of transformers' ``rope_parameters``; YaRN's ``factor`` left
+    out is the ratio of the two contexts, as transformers computes it."""
     rope = getattr(hf, "rope_parameters", None) or {}
     theta = rope.get("rope_theta")
-    if rope.get("rope_type", "default") == "default":
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
         return theta, None
-    return theta, {name: rope.get(name) for name in RopeScaling.model_fields if name != "rope_type"}
+    if kind != "yarn":
+        return theta, {name: rope.get(name) for name in RopeScaling.model_fields}
+    fields = {name: rope[name] for name in YarnRopeScaling.model_fields if rope.get(name) is not None}
+    original = rope.get("original_max_position_embeddings")
+    if fields.get("factor") is None and isinstance(original, int) and original > 0:
+        fields["factor"] = hf.max_position_embeddings / original
+    return theta, fields
+
+
+def _max_context(hf: Any, scaling: Any) -> Any:
+    """The longest sequence the model is built for: ``max_position_embeddings``, or the context YaRN scales to when
+    longer (Qwen2.5's model cards keep 32,768 beside a factor of 4 for 131,072)."""
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "yarn":
+        return hf.max_position_embeddings
+    try:
+        return max(hf.max_position_embeddings, YarnRopeScaling.model_validate(scaling).scaled_context)
+    except (ValidationError, TypeError):  # the architecture's validation names the field
+        return hf.max_position_embeddings
 
 
 def architecture_from_config(config: Any) -> ModelArchitecture:
@@ -262,7 +282,7 @@ def architecture_from_config(config: Any) -> ModelArchitecture:
         "num_kv_heads": getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
         "ffn_hidden_size": hf.intermediate_size,
         "vocab_size": hf.vocab_size,
-        "max_context": hf.max_position_embeddings,
+        "max_context": _max_context(hf, scaling),
         "tied_embeddings": hf.tie_word_embeddings,
         "rope_theta": theta,
         "rope_scaling": scaling,
@@ -307,7 +327,8 @@ def _config_error(error: ValidationError) -> str:
     parts = []
     for item in error.errors():
         cause = item.get("ctx", {}).get("error")
-        loc = [str(part) for part in item["loc"]] or ([cause.field] if isinstance(cause, FieldError) else [])
+        path = field_path(ModelArchitecture, tuple(item["loc"]))  # without a discriminated union's tag
+        loc = [*(path.split(".") if path else []), *([cause.field] if isinstance(cause, FieldError) else [])]
         if loc:
             loc[0] = CONFIG_KEYS.get(loc[0], loc[0])
         message = str(item["msg"]).removeprefix("Value error, ")
@@ -386,9 +407,10 @@ def _architecture_source(arch: ModelArchitecture) -> str:
         value = getattr(arch, key)
         if not fields[key].is_required() and value == fields[key].default:
             continue
-        if isinstance(value, RopeScaling):
-            inner = _arguments({k: _python(v) for k, v in value.model_dump().items() if k != "rope_type"}, " " * 12)
-            values[key] = f"RopeScaling(\n{inner}        )"
+        if isinstance(value, RopeScaling | YarnRopeScaling):
+            given = value.model_dump(exclude_defaults=True, exclude={"rope_type"})
+            inner = _arguments({k: _python(v) for k, v in given.items()}, " " * 12)
+            values[key] = f"{type(value).__name__}(\n{inner}        )"
         else:
             values[key] = _python(value)
     return f"ModelArchitecture(\n{_arguments(values, ' ' * 8)}    )"
@@ -421,7 +443,8 @@ def profile_module(profile: ModelProfile, proof: str | None = None) -> str:
     import's proof on transformers' model (:mod:`btk.hf_proof`) in its docstring when given."""
     variable = variable_name(profile.name)
     arch = profile.architecture
-    imports = ["ModelArchitecture", "ModelProfile", "TrainingIntent"] + (["RopeScaling"] if arch.rope_scaling else [])
+    imports = ["ModelArchitecture", "ModelProfile", "TrainingIntent"] + (
+        [type(arch.rope_scaling).__name__] if arch.rope_scaling else [])
     training = profile.training
     hf_id = f"    hf_model_id={_python(profile.hf_model_id)},\n" if profile.hf_model_id else ""
     return (

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from btk.errors import BtkError, FieldError, one_line
+from btk.errors import BtkError, FieldError, models_in, one_line
 from btk.jsonfile import parse_json
 from btk.knobs import (
     KNOB_FIELDS,
@@ -193,9 +193,7 @@ def _encode(value: Any) -> str:
 
 def _takes_model(model: type[BaseModel], name: str) -> bool:
     """Whether field ``name`` of ``model`` holds a nested model (encoded as JSON)."""
-    annotation = model.model_fields[name].annotation
-    options = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-    return any(isinstance(option, type) and issubclass(option, BaseModel) for option in options)
+    return bool(models_in(model.model_fields[name].annotation))
 
 
 def _takes_none(model: type[BaseModel], name: str) -> bool:
@@ -262,7 +260,7 @@ def from_hyperparameters(hyperparameters: dict[str, str]) -> JobHyperparameters:
     try:
         return JobHyperparameters(knobs=knobs, **sections)
     except ValidationError as error:
-        message = one_line(error)
+        message = one_line(error, root=JobHyperparameters)
         for prefix, attribute in _SECTIONS.items():
             message = message.replace(f"{attribute}.", prefix)
         raise BtkError(f"invalid hyperparameters: {message}") from None

@@ -2,7 +2,7 @@
 
 A profile is a small typed definition (see ``profiles/``); the planner derives the knobs
 from it. The architecture covers the dense decoders of the Llama 3.x, Mistral / Mistral NeMo,
-Qwen2.5, Qwen3 and OLMo 2 families (RMSNorm, RoPE, GQA, SwiGLU; optional QKV and output
+Qwen2.5, Qwen3 and OLMo 2 families (RMSNorm, RoPE with Llama 3.1 or YaRN scaling, GQA, SwiGLU; optional QKV and output
 biases, a head width other than ``hidden_size / num_attention_heads``, QK-norm per head or
 over the whole projection, norms before or after each sublayer, tied embeddings). Parameter
 counts are exact for all of them and checked against the counts published with the
@@ -13,10 +13,20 @@ line naming the field (:data:`UNSUPPORTED_FEATURES`).
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from btk.errors import FieldError
 from btk.knobs import (
@@ -128,6 +138,75 @@ class RopeScaling(BaseModel):
         return self
 
 
+class YarnRopeScaling(BaseModel):
+    """YaRN RoPE scaling (``rope_type: yarn`` in Hugging Face; Peng et al., "YaRN: Efficient Context Window
+    Extension of Large Language Models", 2023), as transformers computes it.
+
+    Qwen2.5's model cards extend their 32,768-token context to 131,072 with ``factor`` 4 over
+    ``original_max_position_embeddings`` 32,768. Frequencies whose wavelength is short next to the original
+    context are kept (``beta_fast`` rotations), long ones are divided by ``factor`` (``beta_slow``), the band
+    between is ramped; the position tables are scaled by ``attention_factor`` (None: ``0.1 ln(factor) + 1``, or
+    the ratio ``mscale`` / ``mscale_all_dim`` makes of it when both are given).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rope_type: Literal["yarn"] = "yarn"
+    factor: float = Field(ge=1, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    original_max_position_embeddings: int = Field(ge=16, le=1_048_576)
+    # Rotations per original context bounding the ramp: the paper's 32 and 1 are transformers' defaults.
+    beta_fast: float = Field(default=32.0, gt=0, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    beta_slow: float = Field(default=1.0, gt=0, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+    attention_factor: float | None = Field(default=None, gt=0, le=16, allow_inf_nan=False)
+    mscale: float | None = Field(default=None, gt=0, le=16, allow_inf_nan=False)
+    mscale_all_dim: float | None = Field(default=None, gt=0, le=16, allow_inf_nan=False)
+    truncate: bool = True
+
+    @model_validator(mode="after")
+    def _ramp_is_ordered(self) -> YarnRopeScaling:
+        # The ramp runs from beta_fast's dimension up to beta_slow's: reversed, it keeps the long wavelengths.
+        if self.beta_fast < self.beta_slow:
+            raise FieldError(
+                "beta_fast",
+                f"rope_scaling.beta_fast ({self.beta_fast:g}) must be at least beta_slow ({self.beta_slow:g}); "
+                "YaRN uses 32 and 1",
+            )
+        return self
+
+    @property
+    def scaled_context(self) -> int:
+        """The context the scaling is for: ``factor`` x ``original_max_position_embeddings``."""
+        return int(self.factor * self.original_max_position_embeddings)
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """What the position tables are multiplied by (transformers' ``attention_factor``, resolved)."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def magnitude(scale: float) -> float:
+            return 1.0 if self.factor <= 1 else 0.1 * scale * math.log(self.factor) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return magnitude(self.mscale) / magnitude(self.mscale_all_dim)
+        return magnitude(1.0)
+
+
+def _rope_type(value: Any) -> str:
+    """The ``rope_type`` a RoPE scaling is read as: a Llama 3 one when a mapping does not say."""
+    if isinstance(value, dict):
+        return str(value.get("rope_type", "llama3"))
+    return str(getattr(value, "rope_type", "llama3"))
+
+
+AnyRopeScaling = Annotated[
+    Annotated[RopeScaling, Tag("llama3")] | Annotated[YarnRopeScaling, Tag("yarn")],
+    Discriminator(_rope_type, custom_error_type="rope_type",
+                  custom_error_message="rope_type must be 'llama3' (Llama 3.1's scaling) or 'yarn'"),
+]
+"""A profile's RoPE scaling: Llama 3's (:class:`RopeScaling`) or YaRN (:class:`YarnRopeScaling`), by ``rope_type``."""
+
+
 class ModelArchitecture(BaseModel):
     """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2, Granite 3, SmolLM3, Phi-3/4).
 
@@ -156,7 +235,7 @@ class ModelArchitecture(BaseModel):
     # RoPE base: 1e4 (Llama 2) to 1e6 (Qwen2.5/3, Mistral NeMo) in published models. At or below
     # 1 every frequency is at least 1 radian per token; unbounded, the frequencies underflow to 0.
     rope_theta: float = Field(default=500000.0, gt=1, le=MAX_ROPE_THETA, allow_inf_nan=False)
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: AnyRopeScaling | None = None
     rms_norm_eps: float = Field(default=1e-5, gt=0, le=1e-2, allow_inf_nan=False)
     head_dim: int | None = Field(
         default=None,

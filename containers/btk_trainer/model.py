@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from btk.loss_chunks import loss_chunk_tokens
-from btk.profile import ModelArchitecture, RopeScaling
+from btk.profile import AnyRopeScaling, ModelArchitecture, YarnRopeScaling
 
 
 class ParameterInit:
@@ -103,11 +103,13 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """RoPE inverse frequencies (fp32), with Llama 3.1 frequency scaling when given."""
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: AnyRopeScaling | None) -> torch.Tensor:
+    """RoPE inverse frequencies (fp32), with Llama 3.1's or YaRN's frequency scaling when given."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, YarnRopeScaling):
+        return _yarn_frequencies(inv_freq, head_dim, theta, scaling)
     old_context = scaling.original_max_position_embeddings
     low_wavelen = old_context / scaling.low_freq_factor
     high_wavelen = old_context / scaling.high_freq_factor
@@ -119,14 +121,37 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling |
     return torch.where(medium, smoothed, scaled)
 
 
+def _yarn_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: YarnRopeScaling) -> torch.Tensor:
+    """YaRN's blend of the original frequencies (kept where a wavelength makes more than ``beta_fast`` turns over
+    the original context) and the interpolated ones (divided by ``factor`` below ``beta_slow`` turns), ramped
+    linearly over the dimensions between."""
+
+    def dimension(turns: float) -> float:  # the dimension pair whose frequency makes ``turns`` over the context
+        context = scaling.original_max_position_embeddings
+        return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of one dimension: a step
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp
+    return inv_freq / scaling.factor * (1 - kept) + inv_freq * kept
+
+
 def rope_tables(
-    seq_len: int, head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | None = None
+    seq_len: int, head_dim: int, theta: float, scaling: AnyRopeScaling | None, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` tables of shape (seq_len, head_dim), fp32 (Hugging Face layout)."""
+    """``cos`` and ``sin`` tables of shape (seq_len, head_dim), fp32 (Hugging Face layout); YaRN scales both by
+    its attention factor (:attr:`~btk.profile.YarnRopeScaling.cos_sin_scale`)."""
     inv_freq = rope_inverse_frequencies(head_dim, theta, scaling).to(device)
     positions = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
+    if isinstance(scaling, YarnRopeScaling):
+        return emb.cos() * scaling.cos_sin_scale, emb.sin() * scaling.cos_sin_scale
     return emb.cos(), emb.sin()
 
 
@@ -684,7 +709,7 @@ def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any
     model_type = arch.hf_model_type
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": arch.rope_theta}
     if arch.rope_scaling is not None:
-        rope = {**arch.rope_scaling.model_dump(), "rope_theta": arch.rope_theta}
+        rope = {**arch.rope_scaling.model_dump(exclude_none=True), "rope_theta": arch.rope_theta}
     config: dict[str, Any] = {
         "architectures": [HF_ARCHITECTURES[model_type]],
         "model_type": model_type,
@@ -699,7 +724,7 @@ def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any
         "rms_norm_eps": arch.rms_norm_eps,
         # Both spellings: rope_theta/rope_scaling (transformers 4.x) and rope_parameters (5.x).
         "rope_theta": arch.rope_theta,
-        "rope_scaling": arch.rope_scaling.model_dump() if arch.rope_scaling else None,
+        "rope_scaling": arch.rope_scaling.model_dump(exclude_none=True) if arch.rope_scaling else None,
         "rope_parameters": rope,
         "tie_word_embeddings": arch.tied_embeddings,
         "hidden_act": "silu",

@@ -23,7 +23,7 @@ from btk.hf_import import (
     published_count_from_index,
     variable_name,
 )
-from btk.hf_proof import check_full_size
+from btk.hf_proof import check_full_size, prove_import
 from btk.profile import ModelProfile
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
@@ -208,6 +208,39 @@ def test_fields_that_change_the_math_are_read_as_transformers_reads_them() -> No
     qwen = _without(_config("qwen2.5-7b.json"), "use_sliding_window")
     assert all(kind == "full_attention" for kind in _transformers(qwen).layer_types)
     architecture_from_config(qwen)  # a window given, never switched on: full attention, as transformers has it
+
+
+QWEN_YARN = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
+"""The block Qwen2.5's model cards tell users to add to config.json for 131,072 tokens (huggingface.co/Qwen/Qwen2.5-32B,
+"Processing Long Texts"; the old ``type`` spelling, as the card writes it)."""
+
+
+def test_yarn_as_qwens_model_card_sets_it_extends_the_context_and_is_proven_on_transformers() -> None:
+    config = {**_config("qwen2.5-32b.json"), "rope_scaling": QWEN_YARN}
+    arch = architecture_from_config(config)
+    assert arch.max_context == 4 * 32768 and arch.rope_scaling is not None
+    assert arch.rope_scaling.rope_type == "yarn" and arch.parameter_count == architecture_from_config(
+        _config("qwen2.5-32b.json")).parameter_count
+    proof = prove_import(config, arch)
+    assert proof.parameter_count == arch.parameter_count
+    # YaRN changes every position's table: the architecture without it is a different model.
+    assert arch.model_copy(update={"rope_scaling": None}) != arch
+
+
+def test_yarn_fields_are_read_as_transformers_reads_them() -> None:
+    """``factor`` left out is the ratio of the contexts; ``original_max_position_embeddings`` left out is
+    ``max_position_embeddings``; a bad field is named by its key."""
+    qwen = _config("qwen2.5-7b.json")
+    derived = {**qwen, "max_position_embeddings": 131072,
+               "rope_scaling": {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 32768}}
+    scaling = architecture_from_config(derived).rope_scaling
+    assert scaling is not None and scaling.factor == 4.0
+    assert _transformers({**qwen, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}).rope_parameters[
+        "original_max_position_embeddings"] == qwen["max_position_embeddings"]
+    with pytest.raises(BtkError, match=r"^config.json: rope_scaling.beta_fast: .*at least beta_slow"):
+        architecture_from_config({**qwen, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5}})
+    with pytest.raises(BtkError, match=r"^config.json: rope_scaling.factor: "):
+        architecture_from_config({**qwen, "rope_scaling": {"rope_type": "yarn", "factor": 0.5}})
 
 
 def test_every_reason_is_named_at_once() -> None:

@@ -72,6 +72,8 @@ def generated_configs(draw: st.DrawFn) -> dict[str, Any]:
             {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
              "original_max_position_embeddings": 1024},
             {"rope_type": "linear", "factor": 2.0},
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+            {"type": "yarn", "factor": 2.0, "beta_fast": 16, "attention_factor": 1.2},
         ]))
         config["rope_theta"] = theta
     return config

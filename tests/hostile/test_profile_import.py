@@ -59,7 +59,10 @@ def _write(tmp_path: Path, content: Any, name: str = "config.json") -> Path:
         ({**VALID, "rms_norm_eps": 2}, "rms_norm_eps"),
         ({**VALID, "rope_theta": -1}, "rope_theta"),
         # rope_scaling is read as transformers reads it: into rope_parameters
-        ({**VALID, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters: rope_type 'yarn'"),
+        ({**VALID, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_parameters: rope_type 'dynamic'"),
+        ({**VALID, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.1}}, "rope_scaling.beta_fast"),
+        ({**VALID, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": -1.0}},
+         "rope_scaling.attention_factor"),
         ({**VALID, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_parameters: rope_type 'linear'"),
         ({**VALID, "rope_scaling": {"rope_type": "llama3"}}, "rope_parameters"),
         ({**VALID, "rope_scaling": "llama3"}, "rope_parameters"),

@@ -1,7 +1,7 @@
 """Our decoder equals Hugging Face transformers' own implementation of each family on the same weights.
 
 One tiny random configuration per family: Llama 3.x (GQA, llama3 RoPE scaling; and with
-attention biases), Qwen2.5 (q/k/v biases, tied), Mistral NeMo (head_dim wider than
+attention biases), Qwen2.5 (q/k/v biases, tied; and with YaRN RoPE scaling), Mistral NeMo (head_dim wider than
 hidden / heads), Qwen3 (per-head QK-norm), OLMo 2 (QK-norm over the whole projections,
 norms after each sublayer), Granite 3.x (embedding, attention, residual and logits multipliers),
 SmolLM3 (a block without RoPE) and Phi-3/Phi-4 (fused q/k/v and gate/up in the checkpoint).
@@ -28,10 +28,11 @@ from trainer_fixtures import (
     tiny_phi3,
     tiny_qwen,
     tiny_qwen3,
+    tiny_qwen_yarn,
     tiny_smollm3,
 )
 
-from btk.profile import ModelArchitecture
+from btk.profile import ModelArchitecture, YarnRopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,6 +41,16 @@ FAMILIES = {
     "llama-mha-tied": tiny_llama(num_kv_heads=4, tied_embeddings=True),
     "llama-attention-biases": tiny_llama(attention_bias=True, attention_output_bias=True),
     "qwen2-bias-tied": tiny_qwen(),
+    "qwen2-yarn": tiny_qwen_yarn(),
+    # Every YaRN field transformers reads, away from its default: the ramp's bounds, no rounding, DeepSeek's
+    # attention factor of two magnitudes; and an attention factor given outright.
+    "llama-yarn-every-field": tiny_qwen_yarn(
+        attention_bias=False, tied_embeddings=False, rope_scaling=YarnRopeScaling(
+            factor=8.0, original_max_position_embeddings=2048, beta_fast=16.0, beta_slow=2.0, truncate=False,
+            mscale=0.8, mscale_all_dim=0.6)),
+    "llama-yarn-attention-factor": tiny_qwen_yarn(
+        attention_bias=False, rope_scaling=YarnRopeScaling(
+            factor=4.0, original_max_position_embeddings=4096, attention_factor=1.5)),
     "mistral-nemo-head-dim": tiny_mistral_nemo(),
     "qwen3-head-qk-norm": tiny_qwen3(),
     "olmo2-post-norm-projection-qk-norm": tiny_olmo2(),

@@ -14,7 +14,7 @@ from typing import Any
 
 from btk.hyperparameters import JobHyperparameters, JobSettings
 from btk.knobs import TrainingKnobs
-from btk.profile import ModelArchitecture, RopeScaling, TrainingIntent
+from btk.profile import ModelArchitecture, RopeScaling, TrainingIntent, YarnRopeScaling
 
 #: How the multi-process tests start their ranks: as forks of the launcher script, which has imported torch
 #: and the trainer and done nothing else (no thread, no accelerator), so no rank imports them again
@@ -55,6 +55,18 @@ def tiny_qwen(**overrides: object) -> ModelArchitecture:
     }
     values.update(overrides)
     return tiny_llama(**values)
+
+
+def tiny_qwen_yarn(**overrides: object) -> ModelArchitecture:
+    """The Qwen2 toy with YaRN as Qwen2.5's model cards set it (factor 4 over the original context), the original
+    context and RoPE base chosen so that the ramp spans dimensions 2 to 6 of the toy's 8 frequencies."""
+    values: dict[str, object] = {
+        "rope_theta": 10000.0,
+        "rope_scaling": YarnRopeScaling(factor=4.0, original_max_position_embeddings=4096),
+        "max_context": 16384,
+    }
+    values.update(overrides)
+    return tiny_qwen(**values)
 
 
 def tiny_mistral_nemo(**overrides: object) -> ModelArchitecture:
