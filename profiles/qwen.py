@@ -6,7 +6,7 @@ counts are those the safetensors indexes report.
 
 from __future__ import annotations
 
-from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
+from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent, YarnRopeScaling
 
 QWEN25_VOCAB = 152064
 
@@ -50,4 +50,17 @@ QWEN25_7B = _qwen25("qwen2.5-7b", 28, 3584, 28, 4, 18944, 7_615_616_512, 300_000
 QWEN25_14B = _qwen25("qwen2.5-14b", 48, 5120, 40, 8, 13824, 14_770_033_664, 300_000_000_000, "Qwen/Qwen2.5-14B")
 QWEN25_32B = _qwen25("qwen2.5-32b", 64, 5120, 40, 8, 27648, 32_763_876_352, 300_000_000_000, "Qwen/Qwen2.5-32B")
 
-PROFILES = (QWEN25_7B, QWEN25_14B, QWEN25_32B)
+# Qwen2.5 32B at 131,072 tokens: the model card's "Processing Long Texts" adds YaRN with factor 4 over the
+# 32,768-token context. A separate profile because YaRN changes every position's rotation (the card advises it
+# only where long texts are needed); the training intent is a long-context extension stage to edit.
+QWEN25_32B_128K = QWEN25_32B.model_copy(update={
+    "name": "qwen2.5-32b-128k",
+    "description": "Qwen2.5 32B with YaRN to 131,072 tokens",
+    "architecture": QWEN25_32B.architecture.model_copy(update={
+        "max_context": 131072,
+        "rope_scaling": YarnRopeScaling(factor=4.0, original_max_position_embeddings=32768),
+    }),
+    "training": TrainingIntent(seq_len=131072, global_batch_tokens=4_194_304, total_tokens=20_000_000_000),
+})
+
+PROFILES = (QWEN25_7B, QWEN25_14B, QWEN25_32B, QWEN25_32B_128K)

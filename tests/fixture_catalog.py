@@ -17,7 +17,7 @@ import pytest
 
 from btk import catalog
 from btk.environment import DataStageConfig, EnvironmentConfig
-from btk.profile import ModelArchitecture, ModelProfile, RopeScaling, TrainingIntent
+from btk.profile import ModelArchitecture, ModelProfile, RopeScaling, TrainingIntent, YarnRopeScaling
 
 _LLAMA31_ROPE = RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
@@ -79,6 +79,15 @@ LLAMA_65B = ModelProfile(
 )
 QWEN_14B = _qwen25("qwen2.5-14b", layers=48, heads=40, ffn=13824)
 QWEN_32B = _qwen25("qwen2.5-32b", layers=64, heads=40, ffn=27648)
+
+QWEN_32B_YARN = QWEN_32B.model_copy(update={
+    "name": "qwen2.5-32b-128k",
+    "architecture": QWEN_32B.architecture.model_copy(update={
+        "max_context": 131072, "rope_scaling": YarnRopeScaling(factor=4.0, original_max_position_embeddings=32768)}),
+    "training": TrainingIntent(seq_len=131072, global_batch_tokens=4_194_304, total_tokens=20_000_000_000),
+})
+"""Qwen2.5 32B with YaRN to 131,072 tokens, as its model card sets it (not in :data:`PROFILES`, which the tests
+of the catalog's listings read)."""
 
 PROFILES: dict[str, ModelProfile] = {
     profile.name: profile for profile in (LLAMA_1B, LLAMA_3B, LLAMA_8B, LLAMA_65B, QWEN_14B, QWEN_32B)

@@ -72,7 +72,14 @@ from btk.planner.search import memory_budget_gib, plan_profile, with_settings
 from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
 from btk.table import Column, Table
 from btk_trainer.model import Decoder, eager_cross_entropy
-from btk_trainer.parallelize import build_mesh, data_parallel_rank, float8_all_gather_enabled, mesh_shape, train_context
+from btk_trainer.parallelize import (
+    build_mesh,
+    check_precision,
+    data_parallel_rank,
+    float8_all_gather_enabled,
+    mesh_shape,
+    train_context,
+)
 
 GIB = 1024**3
 DEFAULT_TOLERANCE = 0.10
@@ -611,6 +618,10 @@ def dry_run(case: DryRunCase, *, fake: bool = True, reraise: bool = False) -> Dr
         if reraise:
             raise
         error = error_line(raised)
+    return _result(case, measured, error, time.perf_counter() - started)
+
+
+def _result(case: DryRunCase, measured: MeasuredMemory | None, error: str | None, seconds: float) -> DryRunResult:
     return DryRunResult(
         case=case,
         predicted=case.predict(case.executed_knobs),
@@ -618,25 +629,51 @@ def dry_run(case: DryRunCase, *, fake: bool = True, reraise: bool = False) -> Dr
         budget_gib=memory_budget_gib(case.instance),
         measured=measured,
         error=error,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
     )
+
+
+def trainer_view(case: DryRunCase) -> str:
+    """Everything of ``case`` the trainer's code reads: cases with the same view run the same tensors.
+
+    The instance type is read for its GPUs per node and, through the precision check alone, its compute
+    capability (:func:`~btk_trainer.parallelize.check_precision`): the same plan on B200 and B300 trains the
+    same step, only the budget it is held to differs.
+    """
+    try:
+        check_precision(case.knobs.precision, case.instance.gpu.compute_capability)
+        precision = "allowed"
+    except BtkError as refused:
+        precision = str(refused)
+    return "|".join((case.name, case.architecture.model_dump_json(), case.training.model_dump_json(),
+                     case.knobs.model_dump_json(), str(case.instance.gpus_per_node), str(case.nodes),
+                     str(case.whole_logits), precision))
 
 
 def dry_run_all(cases: Sequence[DryRunCase], jobs: int = 1) -> list[DryRunResult]:
     """Each case's :func:`dry_run`, in order; ``jobs`` > 1 runs them in that many processes at once.
 
-    A dry run keeps one core busy (fake tensors carry no arithmetic; building and dispatching is Python), so a
-    machine's cores run as many cases side by side. The processes are spawned (a fresh interpreter: no process
-    group, fake mode or allocator state of this one carries over).
+    Cases the trainer sees alike (:func:`trainer_view`) run once; each gets the measured step beside its own
+    planner figures and budget. A dry run keeps one core busy (fake tensors carry no arithmetic; building and
+    dispatching is Python), so a machine's cores run as many cases side by side. The processes are spawned (a
+    fresh interpreter: no process group, fake mode or allocator state of this one carries over).
     """
-    if jobs <= 1 or len(cases) <= 1:
-        return [dry_run(case) for case in cases]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    views: dict[str, DryRunCase] = {}
+    for case in cases:
+        views.setdefault(trainer_view(case), case)
+    distinct = list(views.values())
+    if jobs <= 1 or len(distinct) <= 1:
+        ran = [dry_run(case) for case in distinct]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cases)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(dry_run, cases))
+        with ProcessPoolExecutor(max_workers=min(jobs, len(distinct)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            ran = list(pool.map(dry_run, distinct))
+    by_view = {trainer_view(result.case): result for result in ran}
+    return [result if result.case is case else _result(case, result.measured, result.error, result.seconds)
+            for case in cases for result in (by_view[trainer_view(case)],)]
 
 
 def profile_case(profile: ModelProfile, instance: InstanceType, nodes: int, settings: dict[str, str] | None = None,

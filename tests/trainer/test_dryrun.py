@@ -6,8 +6,9 @@ exact count of FSDP2's shards. Bad input is one line (exit 2); a plan the traine
 and a plan that does not fit fail in one line (exit 1). Full-size cases (``slow``, two at a
 time): every plan of the user's ``environments.py`` at its instance type, node count and knobs
 and one legacy baseline (as ``--shipped``), a tensor-parallel plan over 2 nodes and an MXFP8
-plan on the fixture catalog, and the plans of Granite 3.3 8B, SmolLM3-3B and Phi-4 imported from
-their real config.json files.
+plan on the fixture catalog, the plans of Granite 3.3 8B, SmolLM3-3B and Phi-4 imported from
+their real config.json files, and each family's plan at 131,072 tokens on B200 and on B300 (Llama 3.1 8B,
+Qwen2.5 32B with YaRN).
 """
 
 from __future__ import annotations
@@ -215,10 +216,9 @@ def fixture_case(name: str, nodes: int, **settings: str) -> dryrun.DryRunCase:
     return dryrun.profile_case(fixture_catalog.PROFILES[name], B200, nodes, settings or None)
 
 
-def long_context_case(name: str, instance_type: str, seq_len: int) -> dryrun.DryRunCase:
+def long_context_case(profile: ModelProfile, instance_type: str, seq_len: int) -> dryrun.DryRunCase:
     """The plan of a fixture profile at a long sequence (``btk plan --set seq_len=N``) on one node."""
-    return dryrun.profile_case(fixture_catalog.PROFILES[name], get_instance_type(instance_type), 1,
-                               {"seq_len": str(seq_len)})
+    return dryrun.profile_case(profile, get_instance_type(instance_type), 1, {"seq_len": str(seq_len)})
 
 
 def imported_case(config_file: str, name: str) -> dryrun.DryRunCase:
@@ -235,10 +235,12 @@ FULL_SIZE = {
     "granite": lambda: imported_case("granite-3.3-8b-instruct.json", "granite-3.3-8b"),
     "smollm3": lambda: imported_case("smollm3-3b.json", "smollm3-3b"),
     "phi3": lambda: imported_case("phi-4.json", "phi-4"),
-    # Long contexts, each family at its longest: Llama 3.1 8B at 131,072 tokens on B300 (context parallelism),
-    # Qwen2.5 14B at 32,768 on B200.
-    "long-context-llama": lambda: long_context_case("llama3.1-8b", "ml.p6-b300.48xlarge", 131072),
-    "long-context-qwen": lambda: long_context_case("qwen2.5-14b", "ml.p6-b200.48xlarge", 32768),
+    # Long contexts, each family at 131,072 tokens on B200 and B300 (context parallelism): Llama 3.1 8B, and
+    # Qwen2.5 32B with YaRN. A plan the trainer sees alike on both (Qwen's) runs once, held to each budget.
+    **{f"long-context-{family}-{gpu}": (lambda profile=profile, gpu=gpu: long_context_case(
+        profile, f"ml.p6-{gpu}.48xlarge", 131072))
+       for family, profile in (("llama", fixture_catalog.LLAMA_8B), ("qwen", fixture_catalog.QWEN_32B_YARN))
+       for gpu in ("b200", "b300")},
 }
 DRY_RUN_JOBS = 2
 """Cases run side by side: one core each (CI has two)."""
@@ -279,6 +281,30 @@ def test_full_size_plan_passes_the_dry_run(full_size: dict[str, dryrun.DryRunRes
         assert result.difference is not None and abs(result.difference) <= dryrun.DEFAULT_TOLERANCE
     else:
         assert "memory not compared" in dryrun.result_table(dryrun.DEFAULT_TOLERANCE).text([result])[-1]
+
+
+def test_cases_the_trainer_sees_alike_run_once_each_held_to_its_own_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same toy plan on B200 and B300 (same GPUs per node, both allow its precision) runs once; on H200,
+    where MXFP8 is refused, it runs again, and fails there."""
+    ran: list[str] = []
+    real = dryrun.run_steps
+
+    def counted(case: dryrun.DryRunCase, *, fake: bool = True) -> Any:
+        ran.append(case.instance.name)
+        return real(case, fake=fake)
+
+    monkeypatch.setattr(dryrun, "run_steps", counted)
+    mxfp8 = toy_case(tiny_llama(), precision="mxfp8")
+    on = {name: dryrun.DryRunCase(**{**mxfp8.__dict__, "instance": get_instance_type(name)})
+          for name in ("ml.p6-b200.48xlarge", "ml.p6-b300.48xlarge", "ml.p5en.48xlarge")}
+    b200, b300, h200 = dryrun.dry_run_all(list(on.values()))
+    assert ran == ["ml.p6-b200.48xlarge", "ml.p5en.48xlarge"]
+    assert b300.case is on["ml.p6-b300.48xlarge"] and b300.measured == b200.measured and b300.error is None
+    assert (b200.budget_gib, b300.budget_gib) == (memory_budget_gib(b200.case.instance),
+                                                  memory_budget_gib(b300.case.instance))
+    assert b300.budget_gib > b200.budget_gib
+    assert h200.measured is None and h200.error is not None and "mxfp8" in h200.error
 
 
 @pytest.mark.slow
