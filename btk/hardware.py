@@ -400,9 +400,20 @@ H100_96GB_GRAND_TETON = GpuSpec(
 )
 
 PRICE_NOTE = "AWS on-demand list price, us-east-1, approximate; verify before budgeting"
+P6_B200_USD_PER_HOUR = 113.93
+"""ml.p6-b200.48xlarge's on-demand estimate (:data:`PRICE_NOTE`); B300 and GB200 instances are priced at its rate
+per GPU until AWS lists theirs (:func:`_at_b200_rate_per_gpu`)."""
+P6_B200_USD_PER_GPU_HOUR = P6_B200_USD_PER_HOUR / 8
 PRICE_ASSUMED_PER_GPU = (
-    "no AWS list price found: P6-B200's per-GPU estimate (USD 14.24 per GPU-hour) assumed; verify before budgeting"
+    f"no AWS list price found: P6-B200's per-GPU estimate (USD {P6_B200_USD_PER_GPU_HOUR:.2f} per GPU-hour) "
+    "assumed; verify before budgeting"
 )
+
+
+def _at_b200_rate_per_gpu(gpus: int) -> Fact:
+    """The hourly price of an instance of ``gpus`` GPUs at P6-B200's estimate per GPU (no AWS list price)."""
+    return Fact(round(P6_B200_USD_PER_GPU_HOUR * gpus, 2), PRICE_ASSUMED_PER_GPU, "2026-12", estimate=True)
+
 ULTRASERVER_SOURCE = (
     "AWS P6e-GB200 UltraServers: 36 or 72 GPUs in one NVLink domain, 4 GPUs per p6e-gb200.36xlarge instance; "
     "SageMaker API reference, UltraServerType (e.g. ml.u-p6e-gb200x72)"
@@ -416,7 +427,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             B200,
             8,
             efa_gbps_per_node=Fact(3200.0, "AWS P6-B200 instance page: 3.2 Tbps EFAv4", "2025-05"),
-            usd_per_hour=Fact(113.93, PRICE_NOTE, "2025-06", estimate=True),
+            usd_per_hour=Fact(P6_B200_USD_PER_HOUR, PRICE_NOTE, "2025-06", estimate=True),
             aliases=("p6-b200", "b200"),
             managed_spot=Offer(
                 False,
@@ -432,7 +443,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             B300,
             8,
             efa_gbps_per_node=Fact(6400.0, "AWS P6-B300: 6.4 Tbps EFAv4 per instance (8 x 800 Gbps)", "2026-06"),
-            usd_per_hour=Fact(113.93, PRICE_ASSUMED_PER_GPU, "2026-12", estimate=True),
+            usd_per_hour=_at_b200_rate_per_gpu(8),
             aliases=("p6-b300", "b300"),
             network_environment=EFA_NETWORK_ENVIRONMENT,
         ),
@@ -443,7 +454,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             efa_gbps_per_node=Fact(
                 1600.0, "AWS P6e-GB200 UltraServers: 28.8 Tbps EFAv4 per 72-GPU UltraServer, 18 instances", "2025-07"
             ),
-            usd_per_hour=Fact(56.97, PRICE_ASSUMED_PER_GPU, "2026-12", estimate=True),
+            usd_per_hour=_at_b200_rate_per_gpu(4),
             aliases=("p6e-gb200", "gb200"),
             network_environment=EFA_NETWORK_ENVIRONMENT,
             cpu_architecture="arm64",

@@ -47,6 +47,10 @@ def test_every_new_fact_has_a_source_and_what_is_assumed_says_so() -> None:
         gpu = instance.gpu
         # no AWS list price, no published training run: both are estimates, and say whose figure they take
         assert instance.usd_per_hour.estimate and "P6-B200" in instance.usd_per_hour.source
+        # ... at B200's rate per GPU-hour, kept in step with it (to the cent the catalog writes)
+        per_gpu = B200.usd_per_hour.value / B200.gpus_per_node
+        assert instance.usd_per_hour.value == pytest.approx(per_gpu * instance.gpus_per_node, abs=0.005)
+        assert f"{per_gpu:.2f}" in instance.usd_per_hour.source
         for fitted in (gpu.achieved_matmul_fraction, gpu.non_matmul_overhead, gpu.attention_efficiency):
             assert fitted.estimate and "B200's fit" in fitted.source
         assert gpu.family != B200.gpu.family  # their own error-band family: B200's runs do not speak for them
