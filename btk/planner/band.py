@@ -16,7 +16,9 @@ question itself weighs 1 at infinity, and the band is the smallest residual belo
 split-conformal quantile, which covers a new run of the regime with at least the target
 probability *if its residual is exchangeable with theirs* (the method's assumption); a regime
 with few runs is shrunk towards its neighbours' residuals, and a regime with none borrows from
-them entirely (the output says how many runs are its own). The two weights are those of
+them entirely (the output says how many runs are its own); a family whose own runs cannot reach the
+target borrows the other families' at the least weight that does, and says so. Runs on power-limited
+GPUs are not residuals (:func:`residuals_of`). The two weights are those of
 :data:`NEIGHBOUR_WEIGHTS` x :data:`OTHER_FAMILY_WEIGHTS` whose bands, rebuilt without each
 source in turn, cover that source's runs closest to the target, overall and per regime
 (:func:`band_calibration`; ``docs/calibration.md`` prints that check per regime).
@@ -160,11 +162,13 @@ class ConformalBand:
     """The runs of the question's own regime."""
     neighbour_weight: float
     """How many runs' worth of weight the neighbouring regimes add."""
+    other_family_weight: float = 0.0
+    """The weight each run of another GPU family had: above the chosen one where the question's own family
+    could not reach the target alone (:func:`conformal_band`)."""
 
 
-def conformal_band(question: Regime, residuals: Sequence[Residual], weights: Weights,
-                   target: float = TARGET_COVERAGE) -> ConformalBand:
-    """The weighted conformal quantile of ``residuals`` for ``question`` (see the module docstring)."""
+def _weighted_quantile(question: Regime, residuals: Sequence[Residual], weights: Weights,
+                       target: float) -> ConformalBand:
     weighted = sorted((abs(r.error), weights.of(question, r.regime)) for r in residuals)
     total = sum(weight for _, weight in weighted) + 1.0  # the question's own point, at infinity
     own = tuple(r.id for r in residuals if distance(question, r.regime) == 0)
@@ -173,8 +177,24 @@ def conformal_band(question: Regime, residuals: Sequence[Residual], weights: Wei
     for error, weight in weighted:
         reached += weight
         if reached / total >= target - 1e-12:
-            return ConformalBand(error, own, borrowed)
-    return ConformalBand(None, own, borrowed)
+            return ConformalBand(error, own, borrowed, weights.other_family)
+    return ConformalBand(None, own, borrowed, weights.other_family)
+
+
+def conformal_band(question: Regime, residuals: Sequence[Residual], weights: Weights,
+                   target: float = TARGET_COVERAGE) -> ConformalBand:
+    """The weighted conformal quantile of ``residuals`` for ``question`` (see the module docstring).
+
+    Where the question's own family weighs too little to reach ``target`` (a GPU family with few published
+    runs), the runs of the other families are lent at the least weight of :data:`OTHER_FAMILY_WEIGHTS` that
+    reaches it; the band says so (``other_family_weight``). None when even the largest does not.
+    """
+    band = _weighted_quantile(question, residuals, weights, target)
+    for heavier in (weight for weight in OTHER_FAMILY_WEIGHTS if weight > weights.other_family):
+        if band.half_width is not None:
+            break
+        band = _weighted_quantile(question, residuals, Weights(weights.neighbour, heavier), target)
+    return band
 
 
 def band_calibration(residuals: Sequence[Residual], weights: Weights,
@@ -209,9 +229,17 @@ def choose_weights(residuals: Sequence[Residual], target: float = TARGET_COVERAG
 
 
 def residuals_of(points: Sequence[CalibrationPoint], left_out: Mapping[str, float]) -> list[Residual]:
+    """The residual of every published run a question can be like: runs on power-limited GPUs are left out.
+
+    Every instance type the planner answers for runs its GPUs at full power. The power-limit factor
+    (``calibration.power_limit``) is pinned by those runs' source alone, so a fit without that source cannot
+    know it and misses them by the factor (+70 % to +104 % on torchao's B200s): their leave-source-out error
+    measures the factor's absence, not the error of any question asked. They stay in the fit.
+    """
     from btk.planner.calibration import source_of
 
-    return [Residual(point.id, source_of(point), _point_regime(point), left_out[point.id]) for point in points]
+    return [Residual(point.id, source_of(point), _point_regime(point), left_out[point.id]) for point in points
+            if not point.power_limited]
 
 
 def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, float],
@@ -225,7 +253,7 @@ def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
         band = conformal_band(Regime.from_key(key), residuals, weights)
         regimes[key] = {"tokens_per_second": None if band.half_width is None else round(band.half_width, 3),
                         "points": len(band.own_runs), "borrowed": round(band.neighbour_weight, 2),
-                        "evidence": list(band.own_runs)}
+                        "other_family_weight": band.other_family_weight, "evidence": list(band.own_runs)}
     memories: dict[str, dict[str, Any]] = {}
     for result in memory:
         if result.memory_error is None:
@@ -303,6 +331,8 @@ class ErrorBand:
     """How the question lies outside the published evidence, one phrase per way (empty inside)."""
     borrowed: float = 0.0
     """How many runs' worth of weight the neighbouring regimes lent the band."""
+    lent_by_other_families: float = 0.0
+    """Each other GPU family's run's weight where the question's family had too few runs for a band (else 0)."""
 
     @property
     def measured(self) -> bool:
@@ -319,6 +349,9 @@ class ErrorBand:
         own = (f"{self.points} published runs of its regime" if self.points
                else "no published run of its own regime")
         lent = f", {self.borrowed:.1f} runs' weight from neighbouring regimes" if self.borrowed >= 0.05 else ""
+        if self.lent_by_other_families:
+            lent += (f", other GPU families' runs weighing {self.lent_by_other_families:g} each: too few runs on "
+                     f"{self.family} GPUs")
         return (
             f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band: {own}{lent}; {self.regime})"
             f"{memory}; evidence: docs/calibration.md"
@@ -334,6 +367,7 @@ class ErrorBand:
             "memory_relative": self.memory,
             "points": self.points,
             "borrowed_weight": round(self.borrowed, 2),
+            "other_family_weight": self.lent_by_other_families,
             "memory_points": self.memory_points,
             "outside_evidence": list(self.outside),
             "method": METHOD,
@@ -386,13 +420,15 @@ def band_for_question(family: str, parameters: float, seq_len: int, nodes: int,
         return ErrorBand(family, None, None, memory_band, 0, memory_points, (), outside)
     regime = regime_of(family, parameters, seq_len, nodes)
     residuals = _stored_residuals() if stored is None else tuple(Residual.from_json(r) for r in data["residuals"])
-    band = conformal_band(regime, residuals, stored_weights(data), data["target_coverage"])
+    weights = stored_weights(data)
+    band = conformal_band(regime, residuals, weights, data["target_coverage"])
     if band.half_width is None:
         reason = (f"too few published runs near {regime.key} for a {data['target_coverage']:.0%} band "
                   f"({len(band.own_runs)} of its own, {band.neighbour_weight:.1f} runs' weight from neighbours)")
         return ErrorBand(family, None, None, memory_band, 0, memory_points, (), (reason,))
+    lent = band.other_family_weight if band.other_family_weight > weights.other_family else 0.0
     return ErrorBand(family, regime.key, round(band.half_width, 3), memory_band, len(band.own_runs), memory_points,
-                     band.own_runs, borrowed=band.neighbour_weight)
+                     band.own_runs, borrowed=band.neighbour_weight, lent_by_other_families=lent)
 
 
 OUTSIDE = "outside the published evidence"

@@ -8,8 +8,9 @@ the log ratio of measured to predicted tokens/s, which scatters around the setup
 by :data:`WITHIN_SETUP_SCATTER`. The correction is the normal-normal posterior of that ratio
 (precision-weighted: one run moves a prediction whose band is wide a long way and one whose
 band is narrow a little; many runs dominate any prior), and the corrected band is the
-posterior predictive interval of a new run at the same coverage. Assumptions: the error of a
-setup is one factor shared by its knob sets, and runs scatter log-normally around it.
+posterior predictive interval of a new run at the same coverage; runs that contradict the band
+widen the prior to the spread that makes them most likely (:func:`posterior`). Assumptions: the
+error of a setup is one factor shared by its knob sets, and runs scatter log-normally around it.
 
 ``tests/planner/test_evidence.py`` checks it on published runs standing in for the team's: a
 run's leave-source-out prediction (made without its source), corrected by other runs of the
@@ -77,7 +78,17 @@ def prior_scatter(band: ErrorBand) -> float:
 
 def posterior(prior: float, log_ratios: Sequence[float], scatter: float = WITHIN_SETUP_SCATTER) -> tuple[
         float, float]:
-    """(mean, variance) of the setup's log ratio after ``log_ratios``, from a zero-mean prior of spread ``prior``."""
+    """(mean, variance) of the setup's log ratio after ``log_ratios``, from a zero-mean prior of spread ``prior``.
+
+    The prior spread is the band's, or more where the runs say the band does not hold for this setup: the
+    spread that makes their mean most likely (type-II maximum likelihood: the mean of n runs scatters by
+    ``prior**2 + scatter**2 / n``), floored at the band's. Runs far outside a narrow band (a team's GPUs that
+    run slower than any published setup, as torchao's power-limited B200s do) then move the prediction as far
+    as they warrant instead of a band's width.
+    """
+    if log_ratios:
+        mean = sum(log_ratios) / len(log_ratios)
+        prior = math.sqrt(max(prior**2, mean**2 - scatter**2 / len(log_ratios)))
     precision = 1 / prior**2 + len(log_ratios) / scatter**2
     return sum(log_ratios) / scatter**2 / precision, 1 / precision
 

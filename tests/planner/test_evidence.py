@@ -82,10 +82,17 @@ def test_the_posterior_weighs_the_prior_against_the_runs() -> None:
     ratios = [math.log(0.8), math.log(0.9)]
     wide, _ = posterior(10.0, ratios)
     assert math.exp(wide) == pytest.approx(math.sqrt(0.8 * 0.9), rel=1e-3)  # no prior: the runs' geometric mean
-    narrow, _ = posterior(1e-4, ratios)
-    assert math.exp(narrow) == pytest.approx(1.0, abs=1e-4)  # a certain prior: unmoved
-    halfway, variance = posterior(WITHIN_SETUP_SCATTER, [math.log(0.8)])
-    assert math.exp(halfway) == pytest.approx(math.sqrt(0.8), rel=1e-9) and variance == pytest.approx(
+    agreeing = [math.log(0.99), math.log(1.01)]
+    narrow, _ = posterior(1e-4, agreeing)
+    assert math.exp(narrow) == pytest.approx(1.0, abs=1e-4)  # runs within their scatter of a certain prior: unmoved
+    # Runs that contradict a narrow prior widen it to the spread that makes their mean most likely.
+    mean = sum(ratios) / 2
+    widened = math.sqrt(mean**2 - WITHIN_SETUP_SCATTER**2 / 2)
+    moved, _ = posterior(1e-4, ratios)
+    assert moved == pytest.approx(mean * widened**2 / (widened**2 + WITHIN_SETUP_SCATTER**2 / 2), rel=1e-9)
+    assert mean < moved < 0
+    halfway, variance = posterior(WITHIN_SETUP_SCATTER, [math.log(0.95)])
+    assert math.exp(halfway) == pytest.approx(math.sqrt(0.95), rel=1e-9) and variance == pytest.approx(
         WITHIN_SETUP_SCATTER**2 / 2)
     assert pytest.approx(1.2816, abs=1e-4) == Z and TARGET_COVERAGE == 0.8
 
