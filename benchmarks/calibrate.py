@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 
+from btk.planner.ablations import ablation_table, ablations
 from btk.planner.band import (
     BAND_FILE,
     NEIGHBOUR_WEIGHTS,
@@ -68,6 +69,8 @@ def main() -> None:
     for name, value in zip(NAMES, _to_vector(params), strict=True):
         print(f"  {name:26} {value:.4g}")
     print(f"  {'default_allocator_reserve':26} {fit_default_allocator_reserve(points):.4g}  (memory evidence only)")
+    print("\nthe published float8, MXFP8 and compile ablations, their gains beside the model's:")
+    print("\n".join(ablation_table(ablations(results))))
     print("\nsources (leave-source-out leaves each out whole):")
     for source in dict.fromkeys(source_of(point) for point in points):
         runs = [result for result in results if source_of(result.point) == source]

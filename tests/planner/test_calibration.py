@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from btk.hardware import INSTANCE_TYPES
+from btk.knobs import TrainingKnobs
+from btk.planner.ablations import ablation_table, ablations
 from btk.planner.band import (
     BAND_FILE,
     TARGET_COVERAGE,
@@ -195,6 +197,24 @@ def test_planner_constants_are_the_fit() -> None:
 
 def test_stored_bands_are_the_fit(summary: dict[str, object]) -> None:
     assert json.loads(BAND_FILE.read_text()) == summary
+
+
+def test_docs_show_the_float8_and_compile_gains_against_their_published_ablations(
+        results: list[PointResult]) -> None:
+    """Both kinds are there (torchtitan's eager/compile/float8 tables, torchao's bf16/tensorwise/rowwise/MXFP8 on
+    H100 and B200), each pair one knob apart, and docs/calibration.md holds the table benchmarks/calibrate.py
+    prints."""
+    found = ablations(results)
+    assert {item.knob for item in found} == {"compile", "precision"}
+    assert {item.variant.point.knobs.precision for item in found} >= {"fp8_tensorwise", "fp8_rowwise", "mxfp8"}
+    for item in found:
+        base, variant = item.baseline.point, item.variant.point
+        assert source_of(base) == source_of(variant) and base.model == variant.model
+        differing = {name for name in TrainingKnobs.model_fields
+                     if getattr(base.knobs, name) != getattr(variant.knobs, name)}
+        assert differing == {item.knob}
+    for line in ablation_table(found):
+        assert line in DOC, f"docs/calibration.md is stale, paste benchmarks/calibrate.py's ablation table: {line}"
 
 
 def test_docs_print_the_stored_band_of_every_regime() -> None:
