@@ -35,9 +35,10 @@ for the same eager knobs, and the plan's own (compiled) peak is *projected* as t
 peak plus the planner's compiled-minus-eager difference. The device is the CPU: attention is
 torch's CPU flash kernel (it saves the same output and log-sum-exp as the CUDA kernels).
 MXFP8 runs in torchao's emulation, whose autograd function saves the same bf16 input and
-weight as its Blackwell kernels. Under context parallelism the CPU attends through a dense mask
-where a GPU takes a block mask of kilobytes; the dry run leaves it out of its count
-(:func:`dense_mask_gib`).
+weight as its Blackwell kernels. Under context parallelism or document masking the CPU attends
+through a dense mask where a GPU takes a block mask of kilobytes; the dry run leaves it out of its
+count (:func:`dense_mask_gib`). Synthetic windows are one document each, so a document-masked plan
+builds and applies its masks at full size, over one document per window.
 
 Exit status: 0 when every case passes; 1 when one fails (the real code raised, the projected
 peak exceeds the instance's memory budget, or the dry run is further than ``--tolerance``
@@ -460,22 +461,26 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
                                accumulating=knobs.gradient_accumulation_steps > 1)
             finally:
                 gc.enable()
-            return without_the_cpus_dense_mask(tracker.measured(), knobs)
+            return without_the_cpus_dense_mask(tracker.measured(), knobs, spec.training.document_masking)
 
 
-def dense_mask_gib(knobs: TrainingKnobs) -> float:
-    """GiB of the dense additive mask the CPU attends through under context parallelism (this rank's positions by
-    the whole sequence, bf16), built once per micro-batch; a GPU attends through a flex_attention block mask of
-    kilobytes instead. Synthetic windows hold no documents, so no document mask is built in a dry run."""
-    if knobs.context_parallel == 1:
+def dense_mask_gib(knobs: TrainingKnobs, documents: bool = False) -> float:
+    """GiB of the dense additive mask the CPU attends through, bf16, built once per micro-batch: under context
+    parallelism this rank's positions by the whole sequence, one for the micro-batch (causal) or one per
+    sequence (``documents``: ``train.document_masking``); with document masking alone each sequence's positions
+    by themselves. A GPU attends through a flex_attention block mask of kilobytes instead; plain causal
+    attention without context parallelism needs no mask."""
+    if knobs.context_parallel == 1 and not documents:
         return 0.0
-    return knobs.seq_len // knobs.context_parallel * knobs.seq_len * 2 / GIB
+    sequences = knobs.micro_batch_size if documents else 1
+    return sequences * knobs.seq_len // knobs.context_parallel * knobs.seq_len * 2 / GIB
 
 
-def without_the_cpus_dense_mask(measured: MeasuredMemory, knobs: TrainingKnobs) -> MeasuredMemory:
+def without_the_cpus_dense_mask(measured: MeasuredMemory, knobs: TrainingKnobs,
+                                documents: bool = False) -> MeasuredMemory:
     """``measured`` less the CPU's dense mask (:func:`dense_mask_gib`), held from the forward to the end of the
     backward: the memory a GPU would hold. Counted among the activations (made before the first block)."""
-    mask = dense_mask_gib(knobs)
+    mask = dense_mask_gib(knobs, documents)
     if mask == 0.0 or measured.phase == "optimizer" or measured.activations < mask:
         return measured
     return replace(measured, activations=measured.activations - mask, total=measured.total - mask)
@@ -522,7 +527,7 @@ def train_step(model: Decoder, optimizer: torch.optim.Optimizer, windows: Any, s
     if not accumulating:
         optimizer.zero_grad(set_to_none=True)
     forward_backward(model, windows, sampler, torch.device("cpu"), 1, defer_all_reduce=shape.dp_replicate > 1,
-                     context=lambda: train_context(shape))
+                     context=lambda: train_context(shape), mask_documents=spec.training.document_masking)
     optimizer_update(model, optimizer, spec)
     precompute_float8_scales(model, spec.knobs.precision, shape)
 

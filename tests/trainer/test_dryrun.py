@@ -38,11 +38,11 @@ B200 = get_instance_type("ml.p6-b200.48xlarge")
 TOY_KNOBS = {"micro_batch_size": 2, "seq_len": 256, "gradient_accumulation_steps": 2}
 
 
-def toy_case(arch: ModelArchitecture, nodes: int = 1, **knobs: Any) -> dryrun.DryRunCase:
+def toy_case(arch: ModelArchitecture, nodes: int = 1, documents: bool = False, **knobs: Any) -> dryrun.DryRunCase:
     values = {**TOY_KNOBS, **knobs}
-    return dryrun.DryRunCase(name="toy", architecture=arch, training=TrainingIntent(seq_len=256,
-                             global_batch_tokens=1 << 14), instance=B200, nodes=nodes,
-                             knobs=TrainingKnobs.model_validate(values))
+    return dryrun.DryRunCase(name="toy", architecture=arch, training=TrainingIntent(
+        seq_len=256, global_batch_tokens=1 << 14, document_masking=documents), instance=B200, nodes=nodes,
+        knobs=TrainingKnobs.model_validate(values))
 
 
 TRACKED = {
@@ -56,6 +56,8 @@ TRACKED = {
     "tp2-fp8": toy_case(tiny_llama(), tensor_parallel=2, precision="fp8_tensorwise"),
     "qwen3-tp2": toy_case(tiny_qwen3(), tensor_parallel=2),
     "olmo2-tp2": toy_case(tiny_olmo2(), tensor_parallel=2, activation_checkpointing="selective"),
+    "documents": toy_case(tiny_llama(), documents=True, activation_checkpointing="selective"),
+    "documents-cp2": toy_case(tiny_llama(), documents=True, context_parallel=2, micro_batch_size=1),
 }
 
 
@@ -77,6 +79,26 @@ def test_fake_tensors_count_what_real_tensors_count(name: str) -> None:
     for category in (*dryrun.CATEGORIES, "total"):
         assert abs(getattr(fake, category) - getattr(real, category)) <= slack + 1e-12, category
     assert real.activations > 0 and real.optimizer > 0
+
+
+@pytest.mark.parametrize(("masked", "knobs"), [
+    ("documents", {"activation_checkpointing": "selective"}),
+    ("documents-cp2", {"context_parallel": 2, "micro_batch_size": 1}),
+])
+def test_a_document_masked_step_less_the_cpus_dense_mask_is_the_causal_steps_memory(
+        masked: str, knobs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a GPU holds for a document-masked step (its block mask is kilobytes) is the causal step's memory: the
+    dry run's count less the CPU's dense mask equals it in every category; counted whole, the mask is there."""
+    case = TRACKED[masked]
+    causal = dryrun.run_steps(toy_case(tiny_llama(), **knobs))
+    measured = dryrun.run_steps(case)
+    for category in (*dryrun.CATEGORIES, "total"):
+        assert getattr(measured, category) == pytest.approx(getattr(causal, category), abs=1e-12), category
+    mask = dryrun.dense_mask_gib(case.knobs, documents=True)
+    expected = case.knobs.micro_batch_size * case.knobs.seq_len // case.knobs.context_parallel * case.knobs.seq_len
+    assert mask * dryrun.GIB == expected * 2  # bf16, one per sequence
+    monkeypatch.setattr(dryrun, "dense_mask_gib", lambda knobs, documents=False: 0.0)
+    assert dryrun.run_steps(case).total == pytest.approx(causal.total + mask, abs=1e-12)
 
 
 WIDER = {"hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 1024, "vocab_size": 4096, "max_context": 512}
@@ -217,8 +239,10 @@ def fixture_case(name: str, nodes: int, **settings: str) -> dryrun.DryRunCase:
 
 
 def long_context_case(profile: ModelProfile, instance_type: str, seq_len: int) -> dryrun.DryRunCase:
-    """The plan of a fixture profile at a long sequence (``btk plan --set seq_len=N``) on one node."""
-    return dryrun.profile_case(profile, get_instance_type(instance_type), 1, {"seq_len": str(seq_len)})
+    """The plan of a fixture profile at a long sequence (``btk plan --set seq_len=N``) on one node, attending
+    within documents as long-context recipes do (``train.document_masking``)."""
+    masked = profile.model_copy(update={"training": profile.training.model_copy(update={"document_masking": True})})
+    return dryrun.profile_case(masked, get_instance_type(instance_type), 1, {"seq_len": str(seq_len)})
 
 
 def imported_case(config_file: str, name: str) -> dryrun.DryRunCase:
