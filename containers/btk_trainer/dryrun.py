@@ -550,9 +550,11 @@ EMULATED_PRECISIONS = ("mxfp8",)
 kernels, but allocates temporaries of its own in backward (26 GiB on Llama 3.2 1B at micro-batch 16 with
 selective checkpointing), so a plan in them is built and trained, its memory not compared with the planner's."""
 
-EMULATED_ON_CPU = ("aten::_scaled_mm",)
+EMULATED_ON_CPU = ("aten::_scaled_mm", "aten::mm")
 """Operators whose CPU kernels allocate working memory a GPU's do not: torch's CPU ``_scaled_mm`` converts its
-float8 operands to a wider type inside the call; cuBLASLt multiplies float8 directly."""
+float8 operands to a wider type inside the call, where cuBLASLt multiplies float8 directly; on CPUs with AMX
+(oneDNN's bf16 kernels) ``mm`` packs an operand into a buffer it frees before returning (some 10 KB in a toy's
+tensor-parallel step), where cuBLAS works in a workspace it holds once per handle."""
 
 
 def cpu_allocator_peak(case: DryRunCase) -> tuple[float, MeasuredMemory]:
