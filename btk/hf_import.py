@@ -1,23 +1,23 @@
 """A Hugging Face ``config.json`` as a model profile (``btk profile import``).
 
-Reads the dense decoders the trainer implements — ``model_type`` llama, mistral, qwen2, qwen3,
-olmo2, granite, smollm3 and phi3 — into a :class:`~btk.profile.ModelArchitecture` through transformers' own config class
-for the model type (the pinned release, :data:`TRANSFORMERS_PIN`): every default, alias
-(``rope_scaling`` read into ``rope_parameters``) and validation is transformers', and a key the
-class does not declare is never read (Mistral's ``attention_bias``). What stays written here is the
-modelling code's structure per model type (Qwen2's q/k/v biases, Qwen3's per-head and OLMo 2's
-per-projection QK-norm, OLMo 2's norms after the sublayers, Phi-3's fused projections); what the
-families add to Llama's block is read from their own config keys (Granite's four multipliers,
-SmolLM3's ``no_rope_layers`` as every n-th block). ``head_dim`` is read as every family's modelling
-code reads it, whether the config class declares it or not. The profile is written out as a
-Python module to commit or as JSON. Anything the trainer does not implement is refused naming
-every ``config.json`` field at fault in one line: mixture-of-experts, sliding-window attention
-(as transformers decides it: Mistral's default window, Qwen's ``use_sliding_window``), logit
-soft-capping, vision/audio towers, RoPE scaling other than Llama 3's and YaRN, RoPE on part of a head, activations
-other than SiLU, MLP biases, attention, residual or embedding dropout, blocks without RoPE in any
-pattern but every n-th, quantised checkpoints. The inverse, the ``config.json`` the trainer
-exports, is ``btk_trainer.model.hf_config``; importing what it writes gives the same
-architecture back (tested).
+Reads the dense decoders the trainer implements — ``model_type`` llama, mistral, qwen2, qwen3, olmo2, granite,
+smollm3, phi3, gemma2 and gemma3_text — into a :class:`~btk.profile.ModelArchitecture` through transformers' own
+config class for the model type (the pinned release, :data:`TRANSFORMERS_PIN`): every default, alias
+(``rope_scaling`` read into ``rope_parameters``) and validation is transformers', and a key the class does not
+declare is never read (Mistral's ``attention_bias``). What stays written here is the modelling code's structure
+per model type (Qwen2's q/k/v biases, Qwen3's per-head and OLMo 2's per-projection QK-norm, OLMo 2's norms after
+the sublayers, Phi-3's fused projections, Gemma's four norms per block); what the families add to Llama's block
+is read from their own config keys (Granite's four multipliers, SmolLM3's ``no_rope_layers`` as every n-th
+block, Gemma's windows from ``layer_types`` as every n-th block full, its soft caps, query scale and Gemma 3's
+RoPE per attention type). ``head_dim`` is read as every family's modelling code reads it, whether the config
+class declares it or not. The profile is written out as a Python module to commit or as JSON. Anything the
+trainer does not implement is refused naming every ``config.json`` field at fault in one line:
+mixture-of-experts, sliding-window attention outside Gemma (as transformers decides it: Mistral's default
+window, Qwen's ``use_sliding_window``), Gemma's windows in any pattern but every n-th block full, bidirectional
+attention, vision/audio towers, RoPE scaling other than Llama 3's and YaRN, RoPE on part of a head, activations
+other than SiLU (Gemma's: its tanh GELU), MLP biases, attention, residual or embedding dropout, blocks without RoPE in any pattern but
+every n-th, quantised checkpoints. The inverse, the ``config.json`` the trainer exports, is
+``btk_trainer.model.hf_config``; importing what it writes gives the same architecture back (tested).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from btk.profile import (
 )
 
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen", "qwen3": "qwen", "olmo2": "olmo",
-            "granite": "granite", "smollm3": "smollm", "phi3": "phi"}
+            "granite": "granite", "smollm3": "smollm", "phi3": "phi", "gemma2": "gemma", "gemma3_text": "gemma"}
 """The ``model_type`` values imported, with the profile ``family`` each gets."""
 
 CONFIG_KEYS = {
@@ -68,8 +68,20 @@ CONFIG_KEYS = {
     "residual_multiplier": "residual_multiplier",
     "logits_scaling": "logits_scaling",
     "no_rope_interval": "no_rope_layers",
+    "sliding_window": "sliding_window",
+    "full_attention_interval": "layer_types",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "local_rope_theta": "rope_local_base_freq",
 }
 """The ``config.json`` key each architecture field is read from (errors name the key)."""
+
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+"""The model types whose block is Gemma's (``norm_placement`` ``sandwich``)."""
+
+GEMMA_ACTIVATION = "gelu_pytorch_tanh"
+"""Gemma's GeGLU activation as transformers names it (``F.gelu(..., approximate="tanh")``)."""
 
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
                  "max_position_embeddings")
@@ -168,14 +180,16 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
     """What the trainer does not implement, as transformers reads the config (windows, RoPE, activation)."""
     problems = []
     layer_types = getattr(hf, "layer_types", None) if _declares(hf, "layer_types") else None
-    if isinstance(layer_types, list):
+    if model_type in GEMMA_TYPES:
+        problems += _gemma_problems(hf)
+    elif isinstance(layer_types, list):
         if any(kind != "full_attention" for kind in layer_types):
             key = "use_sliding_window" if _declares(hf, "use_sliding_window") else "layer_types"
             problems.append(_refusal(key, "sliding-window attention is not supported by the trainer"))
     elif _declares(hf, "sliding_window") and getattr(hf, "sliding_window", None) is not None:  # 0 is a window
         problems.append(_refusal("sliding_window", f"sliding-window attention ({hf.sliding_window} tokens, as "
                                  f"transformers' {type(hf).__name__} reads it) is not supported by the trainer"))
-    rope = getattr(hf, "rope_parameters", None) or {}
+    rope = _full_attention_rope(hf)
     kind = rope.get("rope_type", "default")
     if kind not in ("default", "llama3", "yarn"):
         problems.append(_refusal("rope_parameters", f"rope_type {printable(repr(kind))[:40]} is not supported "
@@ -184,7 +198,7 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
     if factor not in (None, 1, 1.0):
         problems.append(_refusal("partial_rotary_factor", f"{printable(repr(factor))[:40]}: rotary embeddings on "
                                  "part of each head are not supported"))
-    if getattr(hf, "hidden_act", "silu") != "silu":
+    if model_type not in GEMMA_TYPES and getattr(hf, "hidden_act", "silu") != "silu":
         shown = printable(repr(hf.hidden_act))[:60]
         problems.append(_refusal("hidden_act", f"{shown} is not supported (SwiGLU with silu only)"))
     if model_type == "smollm3":
@@ -203,6 +217,73 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
         if _declares(hf, key) and _present(getattr(hf, key, None)):
             problems.append(_refusal(key, why))
     return problems
+
+
+def _gemma_problems(hf: Any) -> list[str]:
+    """What a Gemma 2/3 config asks for that the trainer does not implement: another activation, bidirectional
+    attention, windows in another pattern than every n-th block full, a windowed block without a window, RoPE
+    scaling on the windowed blocks."""
+    problems = []
+    activation = getattr(hf, "hidden_activation", None)
+    if activation != GEMMA_ACTIVATION:
+        problems.append(_refusal("hidden_activation", f"{printable(repr(activation))[:60]} is not supported (Gemma's "
+                                 f"GeGLU with {GEMMA_ACTIVATION} only)"))
+    if _present(getattr(hf, "use_bidirectional_attention", None)):
+        problems.append(_refusal("use_bidirectional_attention", "bidirectional attention is not supported (a causal "
+                                 "language model attends to earlier positions only)"))
+    interval = _full_attention_interval(hf)
+    if interval == 0:
+        problems.append(_refusal("layer_types", "windowed and full blocks in any pattern but every n-th block full "
+                                 "are not supported"))
+    elif interval != "full" and getattr(hf, "sliding_window", None) is None:
+        problems.append(_refusal("sliding_window", "null, while layer_types has windowed blocks"))
+    local = (getattr(hf, "rope_parameters", None) or {}).get("sliding_attention")
+    if isinstance(local, dict) and local.get("rope_type", "default") != "default":
+        problems.append(_refusal("rope_parameters", f"sliding_attention: rope_type "
+                                 f"{printable(repr(local.get('rope_type')))[:40]} is not supported (the windowed "
+                                 "blocks rotate unscaled)"))
+    return problems
+
+
+def _full_attention_interval(hf: Any) -> int | str | None:
+    """Gemma's ``layer_types`` as the trainer reads them: ``"full"`` when no block is windowed, None when every block
+    is, n when every n-th block is full and the others windowed, 0 for any other pattern."""
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    if all(kind == "full_attention" for kind in kinds):
+        return "full"
+    if all(kind == "sliding_attention" for kind in kinds):
+        return None
+    if any(kind not in ("full_attention", "sliding_attention") for kind in kinds):
+        return 0
+    interval = kinds.index("full_attention") + 1
+    expected = ["full_attention" if (index + 1) % interval == 0 else "sliding_attention" for index in range(len(kinds))]
+    return interval if kinds == expected else 0
+
+
+def _gemma_fields(hf: Any, model_type: str) -> dict[str, Any]:
+    """The Gemma fields of the architecture (none for other model types)."""
+    if model_type not in GEMMA_TYPES:
+        return {}
+    interval = _full_attention_interval(hf)
+    windowed = interval != "full"
+    local = (getattr(hf, "rope_parameters", None) or {}).get("sliding_attention")
+    local_theta = local.get("rope_theta") if isinstance(local, dict) and model_type == "gemma3_text" else None
+    return {
+        "sliding_window": hf.sliding_window if windowed else None,
+        "full_attention_interval": interval if windowed else None,
+        "attn_logit_softcapping": hf.attn_logit_softcapping,
+        "final_logit_softcapping": hf.final_logit_softcapping,
+        "query_pre_attn_scalar": hf.query_pre_attn_scalar,
+        "local_rope_theta": local_theta if windowed else None,
+    }
+
+
+def _full_attention_rope(hf: Any) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of the blocks that attend to the whole context (Gemma 3 keeps one per
+    attention type; every other model type one for all)."""
+    rope = getattr(hf, "rope_parameters", None) or {}
+    full = rope.get("full_attention")
+    return dict(full) if isinstance(full, dict) else dict(rope)
 
 
 def _no_rope_interval(hf: Any) -> int | None:
@@ -226,7 +307,7 @@ def _granite_scalars(hf: Any, model_type: str) -> dict[str, Any]:
 def _rope(hf: Any) -> tuple[Any, Any]:
     """(rope_theta, rope_scaling fields or None) of transformers' ``rope_parameters``; YaRN's ``factor`` left
     out is the ratio of the two contexts, as transformers computes it."""
-    rope = getattr(hf, "rope_parameters", None) or {}
+    rope = _full_attention_rope(hf)
     theta = rope.get("rope_theta")
     kind = rope.get("rope_type", "default")
     if kind == "default":
@@ -293,9 +374,10 @@ def architecture_from_config(config: Any) -> ModelArchitecture:
         # the config says; the others put attention_bias on all four, where their config class declares it.
         "attention_bias": True if model_type == "qwen2" else bias,
         "attention_output_bias": False if model_type == "qwen2" else bias,
-        "qk_norm": {"qwen3": "head", "olmo2": "projection"}.get(model_type, "none"),
-        "norm_placement": "post" if model_type == "olmo2" else "pre",
+        "qk_norm": {"qwen3": "head", "olmo2": "projection", "gemma3_text": "head"}.get(model_type, "none"),
+        "norm_placement": {"olmo2": "post", "gemma2": "sandwich", "gemma3_text": "sandwich"}.get(model_type, "pre"),
         **_granite_scalars(hf, model_type),
+        **_gemma_fields(hf, model_type),
         "no_rope_interval": _no_rope_interval(hf) if model_type == "smollm3" else None,
         "fused_projections": model_type == "phi3",
     }

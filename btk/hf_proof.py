@@ -8,7 +8,8 @@ that config, so an import cannot quietly describe another network than the one t
    shape by shape, and transformers' count is the profile's.
 2. **A scaled-down copy with weights**: the same config at 2 layers, 16-wide heads, a 128-token vocabulary (the
    structure kept: grouped or multi-head attention, a head wider than hidden / heads, tied embeddings, biases,
-   QK-norms, norm placement, RoPE scaling, Granite's multipliers, a block without RoPE, fused projections) is
+   QK-norms, norm placement, RoPE scaling, Granite's multipliers, a block without RoPE, fused projections,
+   Gemma's windowed and full blocks with a window narrower than the probe, its soft caps) is
    imported the same way; transformers' model gets random weights (norms and biases too), the trainer's model
    loads them, and their fp32 logits on the same tokens agree within
    :data:`LOGITS_TOLERANCE` (the same math in a different order).
@@ -82,13 +83,19 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+EAGER_ATTENTION = ("gemma2",)
+"""Model types transformers builds with its eager attention only (Gemma 2: SDPA takes no soft cap)."""
+
+
 def _hf_model(transformers: Any, config: Mapping[str, Any]) -> Any:
-    """transformers' causal LM for ``config`` (fp32, SDPA attention), built where the caller's device says."""
+    """transformers' causal LM for ``config`` (fp32, SDPA attention where the model type has it), built where the
+    caller's device says."""
+    attention = "eager" if config.get("model_type") in EAGER_ATTENTION else "sdpa"
     try:
         with _quiet():
             hf_config = transformers.AutoConfig.for_model(**copy.deepcopy(dict(config)))
             hf_config.torch_dtype = None
-            return transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+            return transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation=attention)
     except Exception as error:  # transformers' own refusal of the config: whatever it raises, said in one line
         raise BtkError(printable(f"config.json: transformers cannot build the model it describes: {said(error)}")
                        ) from None
@@ -153,6 +160,12 @@ def scaled_config(config: Mapping[str, Any], arch: ModelArchitecture) -> dict[st
         if not isinstance(value, int) or value >= SCALED_VOCAB:
             scaled[token] = None
     scaled.pop("layer_types", None)  # one entry per layer of the full model
+    windows = {arch.window(index) for index in range(arch.num_layers)}
+    if arch.sliding_window is not None:  # Gemma: a window the probe outgrows; a windowed and a full block if it has
+        scaled["sliding_window"] = min(arch.sliding_window, PROBE_TOKENS[1] // 3)
+        scaled["layer_types"] = ["sliding_attention", "full_attention" if None in windows else "sliding_attention"]
+    elif arch.is_gemma:
+        scaled["layer_types"] = ["full_attention"] * SCALED_LAYERS
     scaled.pop("no_rope_layers", None)
     if arch.no_rope_interval is not None:  # SmolLM3: the second of the two blocks without RoPE
         scaled["no_rope_layer_interval"] = min(arch.no_rope_interval, SCALED_LAYERS)

@@ -2,13 +2,14 @@
 
 A profile is a small typed definition (see ``profiles/``); the planner derives the knobs
 from it. The architecture covers the dense decoders of the Llama 3.x, Mistral / Mistral NeMo,
-Qwen2.5, Qwen3 and OLMo 2 families (RMSNorm, RoPE with Llama 3.1 or YaRN scaling, GQA, SwiGLU; optional QKV and output
-biases, a head width other than ``hidden_size / num_attention_heads``, QK-norm per head or
-over the whole projection, norms before or after each sublayer, tied embeddings). Parameter
-counts are exact for all of them and checked against the counts published with the
-checkpoints. What the trainer does not implement (mixture-of-experts, sliding-window
-attention, logit soft-capping, vision towers) is refused when a profile is loaded, in one
-line naming the field (:data:`UNSUPPORTED_FEATURES`).
+Qwen2.5, Qwen3, OLMo 2, Granite 3, SmolLM3, Phi-3/4 and Gemma 2/3 families (RMSNorm, RoPE with Llama 3.1
+or YaRN scaling, GQA, SwiGLU or Gemma's GeGLU; optional QKV and output biases, a head width other than
+``hidden_size / num_attention_heads``, QK-norm per head or over the whole projection, norms before, after
+or on both sides of each sublayer, tied embeddings, Gemma's sliding windows and logit soft-capping).
+Parameter counts are exact for all of them and checked against the counts published with the
+checkpoints. What the trainer does not implement (mixture-of-experts, vision towers, per-layer
+attention patterns other than Gemma's) is refused when a profile is loaded, in one line naming
+the field (:data:`UNSUPPORTED_FEATURES`).
 """
 
 from __future__ import annotations
@@ -60,23 +61,23 @@ normalises the whole projection output, all heads together, with one weight per 
 (OLMo 2's ``q_norm`` over ``heads·head_dim`` and ``k_norm`` over ``kv_heads·head_dim``, applied
 before the heads are split)."""
 
-NormPlacement = Literal["pre", "post"]
-"""Where each block's two RMSNorms sit: ``pre`` normalises a sublayer's input
+NormPlacement = Literal["pre", "post", "sandwich"]
+"""Where each block's RMSNorms sit: ``pre`` normalises a sublayer's input
 (``x + attn(norm(x))``, Llama/Qwen/Mistral); ``post`` normalises its output before the residual
-add (``x + norm(attn(x))``, OLMo 2)."""
+add (``x + norm(attn(x))``, OLMo 2); ``sandwich`` does both, four norms per block
+(``x + norm(attn(norm(x)))``: Gemma 2 and 3's block, which also brings its other fixed parts:
+norms that scale by ``1 + weight``, GeGLU with tanh-approximated GELU, and token embeddings
+multiplied by ``sqrt(hidden_size)``)."""
 
 UNSUPPORTED_FEATURES: dict[str, str] = {
     "num_experts": "mixture-of-experts",
     "num_local_experts": "mixture-of-experts",
     "n_routed_experts": "mixture-of-experts",
     "moe_intermediate_size": "mixture-of-experts",
-    "final_logit_softcapping": "logit soft-capping",
-    "attn_logit_softcapping": "attention logit soft-capping",
     "vision_config": "a vision tower (multimodal model)",
     "audio_config": "an audio tower (multimodal model)",
     "text_config": "a multimodal wrapper around the language model",
-    "sliding_window": "sliding-window attention",
-    "layer_types": "per-layer attention types (sliding-window attention)",
+    "layer_types": "per-layer attention types (give sliding_window and full_attention_interval, Gemma's pattern)",
 }
 """Architecture features the trainer does not implement, by the field that asks for them.
 
@@ -91,6 +92,10 @@ HF_LAYOUTS: dict[tuple[str, str, bool, bool], str] = {
     ("head", "pre", True, True): "qwen3",
     ("projection", "post", False, False): "olmo2",
     ("projection", "post", True, True): "olmo2",
+    ("none", "sandwich", False, False): "gemma2",
+    ("none", "sandwich", True, True): "gemma2",
+    ("head", "sandwich", False, False): "gemma3_text",
+    ("head", "sandwich", True, True): "gemma3_text",
 }
 """The Hugging Face ``model_type`` that holds each block layout, keyed by
 ``(qk_norm, norm_placement, attention_bias, attention_output_bias)``; Mistral's layout is Llama's.
@@ -207,10 +212,17 @@ AnyRopeScaling = Annotated[
 """A profile's RoPE scaling: Llama 3's (:class:`RopeScaling`) or YaRN (:class:`YarnRopeScaling`), by ``rope_type``."""
 
 
-class ModelArchitecture(BaseModel):
-    """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2, Granite 3, SmolLM3, Phi-3/4).
+GEMMA_FIELDS = ("sliding_window", "full_attention_interval", "attn_logit_softcapping", "final_logit_softcapping",
+                "query_pre_attn_scalar", "local_rope_theta")
+"""Architecture fields that only Gemma's block (``norm_placement`` ``sandwich``) has; each is None elsewhere."""
 
-    The fields after ``rms_norm_eps`` came with the Qwen3, Mistral NeMo, OLMo 2, Granite, SmolLM3 and Phi-3 families;
+
+class ModelArchitecture(BaseModel):
+    """Shape of a dense decoder-only transformer (Llama, Mistral, Qwen2/3, OLMo 2, Granite 3, SmolLM3, Phi-3/4,
+    Gemma 2/3).
+
+    The fields after ``rms_norm_eps`` came with the Qwen3, Mistral NeMo, OLMo 2, Granite, SmolLM3, Phi-3 and Gemma
+    families;
     their defaults describe the Llama/Qwen2 block every earlier profile meant, and at their
     defaults they are left out of job hyperparameters (:attr:`LEFT_OUT_AT_DEFAULT`), so a
     profile that does not use them plans, synthesizes and trains exactly as before.
@@ -221,6 +233,7 @@ class ModelArchitecture(BaseModel):
     LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = (
         "head_dim", "qk_norm", "norm_placement", "attention_output_bias", "embedding_multiplier",
         "attention_multiplier", "residual_multiplier", "logits_scaling", "no_rope_interval", "fused_projections",
+        *GEMMA_FIELDS,
     )
 
     num_layers: int = Field(ge=1, le=512)
@@ -274,6 +287,35 @@ class ModelArchitecture(BaseModel):
         description="the Hugging Face checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj "
         "(Phi-3/Phi-4); the math is Llama's, and the trainer splits and fuses them at load and export",
     )
+    # Gemma 2 and 3 (norm_placement "sandwich"): GEMMA_FIELDS, None elsewhere.
+    sliding_window: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="windowed blocks attend to this many most recent positions, their own included; None (the "
+        "default): every block attends to the whole context (Gemma 2: 4096, Gemma 3: 512 or 1024)",
+    )
+    full_attention_interval: int | None = Field(
+        default=None, ge=1, le=512,
+        description="with sliding_window, every n-th block (the n-th, 2n-th, ...) attends to the whole context and "
+        "the others within the window; None: every block is windowed (Gemma 2: 2, Gemma 3: 6)",
+    )
+    attn_logit_softcapping: float | None = Field(
+        default=None, gt=0, le=1e4, allow_inf_nan=False,
+        description="attention scores become c * tanh(scores / c); None (the default): no cap (Gemma 2: 50)",
+    )
+    final_logit_softcapping: float | None = Field(
+        default=None, gt=0, le=1e4, allow_inf_nan=False,
+        description="the logits become c * tanh(logits / c), loss included; None (the default): no cap (Gemma 2: 30)",
+    )
+    query_pre_attn_scalar: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="the attention scores are scaled by 1/sqrt of it; None (the default): head_dim, and giving "
+        "that value is the same architecture (stored as None) (Gemma 2 27B: 144 with heads of 128)",
+    )
+    local_rope_theta: float | None = Field(
+        default=None, gt=1, le=MAX_ROPE_THETA, allow_inf_nan=False,
+        description="RoPE base of the windowed blocks, which take no rope_scaling; the full blocks keep rope_theta "
+        "and rope_scaling; None (the default): every block rotates alike (Gemma 3: 10,000 beside 1,000,000)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -291,6 +333,15 @@ class ModelArchitecture(BaseModel):
         if value is not None and isinstance(hidden, int) and isinstance(heads, int) and hidden == heads * value:
             return None
         return value
+
+    @field_validator("query_pre_attn_scalar")
+    @classmethod
+    def _head_width_scalar_is_the_default(cls, value: int | None, info: ValidationInfo) -> int | None:
+        hidden, heads = info.data.get("hidden_size"), info.data.get("num_attention_heads")
+        head_dim = info.data.get("head_dim")
+        if head_dim is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+            head_dim = hidden // heads
+        return None if value is not None and value == head_dim else value
 
     @model_validator(mode="after")
     def _heads_fit(self) -> ModelArchitecture:
@@ -322,11 +373,25 @@ class ModelArchitecture(BaseModel):
             name = variants[0]
             raise FieldError(self._set_field(name),
                              f"{LLAMA_VARIANTS[name][1]} come with Llama's block, not {HF_LAYOUTS[layout]}'s "
-                             "(QK-norm, post-norm or q/k/v-only biases)")
+                             "(QK-norm, post-norm, Gemma's sandwich norms or q/k/v-only biases)")
         if self.fused_projections and self.attention_bias:
             raise FieldError("fused_projections", "Phi-3's fused projections have no biases; set attention_bias "
                              "and attention_output_bias to false")
+        self._gemma_fields_fit()
         return self
+
+    def _gemma_fields_fit(self) -> None:
+        """Gemma's fields come with its block, and with each other as Gemma has them."""
+        given = [name for name in GEMMA_FIELDS if getattr(self, name) is not None]
+        if given and self.norm_placement != "sandwich":
+            raise FieldError(given[0], f"{given[0]} is a feature of Gemma's block; it needs norm_placement "
+                             "'sandwich' (norms on both sides of each sublayer)")
+        if self.full_attention_interval is not None and self.sliding_window is None:
+            raise FieldError("full_attention_interval", "full_attention_interval alternates windowed and full "
+                             "blocks: give sliding_window too")
+        if self.local_rope_theta is not None and (self.sliding_window is None or self.qk_norm != "head"):
+            raise FieldError("local_rope_theta", "local_rope_theta is the RoPE base of Gemma 3's windowed blocks: "
+                             "it needs sliding_window and Gemma 3's qk_norm 'head'")
 
     @property
     def llama_variants(self) -> list[str]:
@@ -341,6 +406,51 @@ class ModelArchitecture(BaseModel):
         names = [name.strip() for name in LLAMA_VARIANTS[variant][0].split(",")]
         fields = type(self).model_fields
         return next((name for name in names if getattr(self, name) != fields[name].default), names[0])
+
+    def window(self, layer_index: int) -> int | None:
+        """The sliding window of block ``layer_index`` (from 0), None where it attends to the whole context."""
+        if self.sliding_window is None:
+            return None
+        interval = self.full_attention_interval
+        return None if interval is not None and (layer_index + 1) % interval == 0 else self.sliding_window
+
+    def rope_base(self, layer_index: int) -> tuple[float, AnyRopeScaling | None]:
+        """(theta, scaling) of block ``layer_index``'s RoPE: Gemma 3's windowed blocks take ``local_rope_theta``
+        unscaled, every other block ``rope_theta`` and ``rope_scaling``."""
+        if self.local_rope_theta is not None and self.window(layer_index) is not None:
+            return self.local_rope_theta, None
+        return self.rope_theta, self.rope_scaling
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma 2 or 3's block (``norm_placement`` ``sandwich``): four norms that scale by ``1 + weight``, GeGLU,
+        embeddings multiplied by ``sqrt(hidden_size)``."""
+        return self.norm_placement == "sandwich"
+
+    @property
+    def norms_per_block(self) -> int:
+        """Residual-stream RMSNorms in one block: two, or Gemma's four."""
+        return 4 if self.is_gemma else 2
+
+    @property
+    def attention_scale(self) -> float | None:
+        """What the attention scores are multiplied by; None: ``1/sqrt(head_dim)`` (SDPA's default)."""
+        if self.query_pre_attn_scalar is not None:
+            scale: float = float(self.query_pre_attn_scalar) ** -0.5  # as transformers' Gemma computes it
+            return scale
+        return self.attention_multiplier
+
+    def attention_span(self, seq_len: int) -> float:
+        """Keys attended per query summed over the blocks, counted so that a causal block over ``seq_len`` tokens
+        is ``seq_len`` (twice its mean: the ``12·L·a·s`` of the FLOPs convention, ``L·s`` without windows); a window
+        of ``w`` below ``seq_len`` counts ``(w(w+1) + 2(s-w)w) / (s+1)``, its own mean keys against a causal block's."""
+        window = self.sliding_window
+        if window is None or window >= seq_len:
+            return float(self.num_layers * seq_len)
+        interval = self.full_attention_interval
+        windowed = self.num_layers - (self.num_layers // interval if interval is not None else 0)
+        windowed_span = (window * (window + 1) + 2 * (seq_len - window) * window) / (seq_len + 1)
+        return (self.num_layers - windowed) * seq_len + windowed * windowed_span
 
     def uses_rope(self, layer_index: int) -> bool:
         """Whether block ``layer_index`` (from 0) rotates q and k (:attr:`no_rope_interval`)."""
@@ -373,8 +483,8 @@ class ModelArchitecture(BaseModel):
     @property
     def norms_scale_in_fp32(self) -> bool:
         """Whether every RMSNorm multiplies by its weight before casting back to the compute dtype (OLMo 2's
-        ``Olmo2RMSNorm``); Llama, Mistral and Qwen cast first, then scale."""
-        return self.hf_model_type == "olmo2"
+        ``Olmo2RMSNorm``, Gemma's); Llama, Mistral and Qwen cast first, then scale."""
+        return self.hf_model_type == "olmo2" or self.is_gemma
 
     @property
     def attention_parameters_per_layer(self) -> int:
@@ -399,7 +509,7 @@ class ModelArchitecture(BaseModel):
 
     @property
     def parameters_per_layer(self) -> int:
-        norms = 2 * self.hidden_size + self.qk_norm_parameters_per_layer
+        norms = self.norms_per_block * self.hidden_size + self.qk_norm_parameters_per_layer
         return self.attention_parameters_per_layer + self.mlp_parameters_per_layer + norms
 
     @property

@@ -17,11 +17,14 @@ The model sums, at the step's peak phase:
   query heads), ``f`` the FFN width; bf16 = 2 bytes per element.
 
   - ``none``: the two matmul inputs of the residual stream (the norms' outputs, or with norms
-    after the sublayers the sublayers' inputs), q and k after RoPE, v, attention's output and
+    after the sublayers the sublayers' inputs), q and k after RoPE, v, attention's output (soft-capped
+    or windowed alike: ``flex_attention`` keeps what SDPA keeps) and
     its fp32 log-sum-exp per head, the FFN's gate, up and their product (and eagerly
     silu(gate)); eagerly each RMSNorm keeps its fp32 upcast and its bf16 cast (fp32 normalised
     input where it scales in fp32, as OLMo 2's do), compiled only the input and its fp32
-    inverse RMS (Inductor's partitioner recomputes the rest). QK-norm keeps the same for q and k.
+    inverse RMS (Inductor's partitioner recomputes the rest), for each of the block's two norms (Gemma's
+    four, whose mid-block residual Inductor recomputes from the block input and attention's normalised
+    output). QK-norm keeps the same for q and k.
   - ``selective`` (torchtitan's per-op policy: save SDPA and every other matmul output —
     q, v, gate, down — recompute the rest): block input + those outputs + SDPA's, plus one
     layer's recompute working set in backward;
@@ -164,15 +167,18 @@ def saved_activation_bytes_per_token_per_layer(arch: ModelArchitecture, knobs: T
     matmul_inputs = 2 * h * BF16
     attention = (2 * a + 2 * kv) * BF16 + log_sum_exp  # q and k after RoPE, v, attention's output
     fp32_scale = arch.norms_scale_in_fp32
+    count = arch.norms_per_block  # two, or Gemma's four
     if knobs.compile:  # Inductor keeps each norm's input and recomputes the rest
-        norms = 2 * h * BF16
+        # but for Gemma's mid-block residual (the MLP's norm's input): the block input plus attention's normalised
+        # output, both at hand, make it again.
+        norms = (count - 1 if arch.is_gemma else count) * h * BF16
         ffn = 3 * f * BF16  # gate, up, their product
         qk_norm = (a + kv) * BF16
     else:
-        norms = _eager_norm_bytes(h, fp32_scale) * 2
-        ffn = 4 * f * BF16  # gate, up, silu(gate), their product
+        norms = _eager_norm_bytes(h, fp32_scale) * count
+        ffn = 4 * f * BF16  # gate, up, silu(gate) or gelu(gate), their product
         qk_norm = _eager_norm_bytes(a, fp32_scale) + _eager_norm_bytes(kv, fp32_scale)
-    norms += 2 * INVERSE_RMS
+    norms += count * INVERSE_RMS
     if arch.qk_norm == "none":
         qk_norm = 0
     elif arch.qk_norm == "head":  # an inverse RMS per head, the heads sharded by TP

@@ -169,8 +169,9 @@ class Estimate:
 
 
 def model_flops_per_token(arch: ModelArchitecture, seq_len: int) -> float:
-    """FLOPs per token by torchtitan's MFU convention: ``6·N + 12·L·a·s`` (a = heads × head_dim)."""
-    return 6.0 * arch.matmul_parameters + 12.0 * arch.num_layers * arch.attention_width * seq_len
+    """FLOPs per token by torchtitan's MFU convention: ``6·N + 12·L·a·s`` (a = heads × head_dim; ``L·s`` is
+    :meth:`~btk.profile.ModelArchitecture.attention_span`, less where Gemma's blocks attend within a window)."""
+    return 6.0 * arch.matmul_parameters + 12.0 * arch.attention_width * arch.attention_span(seq_len)
 
 
 def _linear_shapes(arch: ModelArchitecture) -> list[tuple[int, int]]:
@@ -186,7 +187,7 @@ def recompute_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> 
         return 2.0 * layers * (h * kv + a * h + h * f), 0.0  # wk, wo, w3
     if knobs.activation_checkpointing == "full":
         linear_block = sum(i * o for i, o in _linear_shapes(arch))
-        return 2.0 * layers * linear_block, 2.0 * layers * a * knobs.seq_len
+        return 2.0 * layers * linear_block, 2.0 * a * arch.attention_span(knobs.seq_len)
     return 0.0, 0.0
 
 
@@ -206,13 +207,14 @@ def gemm_shape_factor(
 def attention_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """Causal attention FLOPs per token executed by flash attention, forward, backward and recompute."""
     _, recompute = recompute_flops_per_token(arch, knobs)
-    return 6.0 * arch.num_layers * arch.attention_width * knobs.seq_len + recompute
+    return 6.0 * arch.attention_width * arch.attention_span(knobs.seq_len) + recompute
 
 
 def elementwise_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """HBM bytes of the non-matmul work per token (whole model, one TP rank's share before dividing by TP)."""
     h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
-    per_pass = 2.0 * (10 * h + 2 * a + 2 * kv + 3 * f)  # bf16 elements read or written per layer
+    norms = 2 * h * (arch.norms_per_block - 2)  # Gemma's two more norms, each reading and writing the stream
+    per_pass = 2.0 * (10 * h + norms + 2 * a + 2 * kv + 3 * f)  # bf16 elements read or written per layer
     passes = ELEMENTWISE_PASSES + (0.0 if knobs.activation_checkpointing == "none" else 1.0)
     return arch.num_layers * per_pass * passes + LOSS_BYTES_PER_VOCAB[knobs.fused_loss] * arch.vocab_size
 
@@ -403,7 +405,7 @@ def communication_seconds_per_step(
 def forward_flops_share(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
     """The forward pass's share of a micro-batch's FLOPs (recompute runs in the backward pass)."""
     linear = sum(i * o for i, o in _linear_shapes(arch)) * arch.num_layers + arch.vocab_size * arch.hidden_size
-    attention = arch.num_layers * arch.attention_width * knobs.seq_len
+    attention = arch.attention_width * arch.attention_span(knobs.seq_len)
     recompute_linear, recompute_attention = recompute_flops_per_token(arch, knobs)
     forward = 2.0 * (linear + attention)
     return forward / (3.0 * forward + recompute_linear + recompute_attention)

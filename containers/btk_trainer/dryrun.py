@@ -28,7 +28,7 @@ the AdamW moments and, under float8 all-gather, the precomputed scales.
 category (:class:`PeakTracker` corrects three of its behaviours); the figures sit beside the
 planner's (:func:`btk.planner.memory.estimate_memory`) for the knobs the dry run executed.
 
-What runs differs from a GPU job in three stated ways. ``torch.compile`` is off (a fake tensor
+What runs differs from a GPU job in four stated ways. ``torch.compile`` is off (a fake tensor
 cannot be compiled), so blocks and loss run eagerly, with the eager norms' fp32 intermediates
 and the eager loss chunk's fp32 logits; the dry run is compared with the planner's prediction
 for the same eager knobs, and the plan's own (compiled) peak is *projected* as the dry run's
@@ -37,8 +37,11 @@ torch's CPU flash kernel (it saves the same output and log-sum-exp as the CUDA k
 MXFP8 runs in torchao's emulation, whose autograd function saves the same bf16 input and
 weight as its Blackwell kernels. Under context parallelism or document masking the CPU attends
 through a dense mask where a GPU takes a block mask of kilobytes; the dry run leaves it out of its
-count (:func:`dense_mask_gib`). Synthetic windows are one document each, so a document-masked plan
-builds and applies its masks at full size, over one document per window.
+count (:func:`dense_mask_gib`); so it does with the dense mask of Gemma's windowed blocks. Synthetic windows
+are one document each, so a document-masked plan builds and applies its masks at full size, over one
+document per window. Soft-capped attention (Gemma 2) runs through SDPA uncapped
+(:attr:`~btk_trainer.model.Attention.exact_soft_capping_off_cuda`): the CPU has no fused kernel that caps,
+and what a GPU's ``flex_attention`` keeps for backward is what SDPA keeps.
 
 Exit status: 0 when every case passes; 1 when one fails (the real code raised, the projected
 peak exceeds the instance's memory budget, or the dry run is further than ``--tolerance``
@@ -47,6 +50,7 @@ from the planner); 2 for bad input (one line).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -72,7 +76,7 @@ from btk.planner.render import context_parallel_suffix
 from btk.planner.search import memory_budget_gib, plan_profile, with_settings
 from btk.profile import ModelArchitecture, ModelProfile, TrainingIntent
 from btk.table import Column, Table
-from btk_trainer.model import Decoder, eager_cross_entropy
+from btk_trainer.model import Attention, Decoder, eager_cross_entropy
 from btk_trainer.parallelize import (
     build_mesh,
     check_precision,
@@ -424,6 +428,17 @@ def fake_tensors(fake: bool) -> Iterator[None]:
         DeviceMesh.__init__ = original  # type: ignore[method-assign]
 
 
+@contextmanager
+def attention_as_a_gpu_keeps_it() -> Iterator[None]:
+    """Soft-capped attention through SDPA, as :class:`~btk_trainer.model.Attention` documents, for the block."""
+    previous = Attention.exact_soft_capping_off_cuda
+    Attention.exact_soft_capping_off_cuda = False
+    try:
+        yield
+    finally:
+        Attention.exact_soft_capping_off_cuda = previous
+
+
 def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
     """Build the model as the trainer does, prime the optimizer's state and train one steady-state step as rank 0
     under the tracker; the step's peak by category.
@@ -435,7 +450,7 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
     spec = case.spec()
     knobs = spec.knobs
     capability = case.instance.gpu.compute_capability  # what the trainer's precision checks read on the GPU
-    with fake_process_group(case.world_size):
+    with fake_process_group(case.world_size), attention_as_a_gpu_keeps_it():
         shape = mesh_shape(case.world_size, case.nodes, knobs)
         mesh = build_mesh(shape, "cpu")  # outside the fake mode: the mesh holds real rank tensors
         with fake_tensors(fake):
@@ -445,7 +460,8 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
                                   world=case.world_size)
             model = build_model(config, spec, placement, mesh, shape)
             if case.whole_logits:
-                model.loss_fn = eager_cross_entropy
+                model.loss_fn = functools.partial(eager_cross_entropy,
+                                                  softcap=case.architecture.final_logit_softcapping)
             optimizer = build_optimizer(model, spec.training, on_gpu=True)
             dp_rank, dp_size = data_parallel_rank(mesh)
             windows, sampler = build_data(config, spec, dp_rank, dp_size)
@@ -461,26 +477,27 @@ def run_steps(case: DryRunCase, *, fake: bool = True) -> MeasuredMemory:
                                accumulating=knobs.gradient_accumulation_steps > 1)
             finally:
                 gc.enable()
-            return without_the_cpus_dense_mask(tracker.measured(), knobs, spec.training.document_masking)
+            return without_the_cpus_dense_mask(tracker.measured(), knobs, spec.training.document_masking,
+                                               case.architecture)
 
 
-def dense_mask_gib(knobs: TrainingKnobs, documents: bool = False) -> float:
-    """GiB of the dense additive mask the CPU attends through, bf16, built once per micro-batch: under context
-    parallelism this rank's positions by the whole sequence, one for the micro-batch (causal) or one per
-    sequence (``documents``: ``train.document_masking``); with document masking alone each sequence's positions
+def dense_mask_gib(knobs: TrainingKnobs, documents: bool = False, arch: ModelArchitecture | None = None) -> float:
+    """GiB of the dense additive masks the CPU attends through, bf16, built once per micro-batch and attention kind:
+    under context parallelism this rank's positions by the whole sequence, one for the micro-batch (causal) or one
+    per sequence (``documents``: ``train.document_masking``); with document masking alone each sequence's positions
     by themselves. A GPU attends through a flex_attention block mask of kilobytes instead; plain causal
-    attention without context parallelism needs no mask."""
-    if knobs.context_parallel == 1 and not documents:
-        return 0.0
+    attention without context parallelism needs no mask, and a windowed block of ``arch`` (Gemma) always one."""
+    windows = {None} if arch is None else {arch.window(index) for index in range(arch.num_layers)}
+    masks = sum(1 for window in windows if window is not None or knobs.context_parallel > 1 or documents)
     sequences = knobs.micro_batch_size if documents else 1
-    return sequences * knobs.seq_len // knobs.context_parallel * knobs.seq_len * 2 / GIB
+    return masks * sequences * knobs.seq_len // knobs.context_parallel * knobs.seq_len * 2 / GIB
 
 
-def without_the_cpus_dense_mask(measured: MeasuredMemory, knobs: TrainingKnobs,
-                                documents: bool = False) -> MeasuredMemory:
-    """``measured`` less the CPU's dense mask (:func:`dense_mask_gib`), held from the forward to the end of the
+def without_the_cpus_dense_mask(measured: MeasuredMemory, knobs: TrainingKnobs, documents: bool = False,
+                                arch: ModelArchitecture | None = None) -> MeasuredMemory:
+    """``measured`` less the CPU's dense masks (:func:`dense_mask_gib`), held from the forward to the end of the
     backward: the memory a GPU would hold. Counted among the activations (made before the first block)."""
-    mask = dense_mask_gib(knobs, documents)
+    mask = dense_mask_gib(knobs, documents, arch)
     if mask == 0.0 or measured.phase == "optimizer" or measured.activations < mask:
         return measured
     return replace(measured, activations=measured.activations - mask, total=measured.total - mask)

@@ -1,21 +1,24 @@
-"""A dense decoder (Llama, Mistral, Qwen2, Qwen3, OLMo 2, Granite, SmolLM3, Phi-3 layouts) with Hugging Face names.
+"""A dense decoder (Llama, Mistral, Qwen2, Qwen3, OLMo 2, Granite, SmolLM3, Phi-3, Gemma 2/3 layouts) with Hugging
+Face names.
 
 Model code only: no parallelism, no precision tricks (those are applied from outside by
-:mod:`btk_trainer.parallelize`, torchtitan style). The parameter names match Hugging Face's
-``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
-``Olmo2ForCausalLM`` (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj.weight``,
-``...self_attn.q_norm.weight``, ``...post_feedforward_layernorm.weight``, ``model.norm.weight``,
-``lm_head.weight``), so a Hugging Face safetensors checkpoint loads with :func:`load_safetensors`
-as it is, and :func:`export_hf` writes one back with the ``config.json`` of the architecture's
-family (:attr:`btk.profile.ModelArchitecture.hf_model_type`). Phi-3's checkpoints stack q/k/v and
-gate/up into one matrix each: they are split when loaded and stacked when exported
+:mod:`btk_trainer.parallelize`, torchtitan style). The parameter names match Hugging Face's ``LlamaForCausalLM``
+/ ``MistralForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``Olmo2ForCausalLM`` /
+``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` (``model.embed_tokens.weight``,
+``model.layers.N.self_attn.q_proj.weight``, ``...self_attn.q_norm.weight``,
+``...post_feedforward_layernorm.weight``, ``model.norm.weight``, ``lm_head.weight``), so a Hugging Face
+safetensors checkpoint loads with :func:`load_safetensors` as it is, and :func:`export_hf` writes one back with
+the ``config.json`` of the architecture's family (:attr:`btk.profile.ModelArchitecture.hf_model_type`). Phi-3's
+checkpoints stack q/k/v and gate/up into one matrix each: they are split when loaded and stacked when exported
 (:func:`from_hf_state_dict`, :func:`to_hf_state_dict`); the model itself keeps one layout.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -83,24 +86,41 @@ class RMSNorm(nn.Module):
 
     ``scale_in_fp32``: multiply by the weight before casting back to the input's dtype, as
     OLMo 2's norm does (``Olmo2RMSNorm``); Llama, Mistral and Qwen cast first, then scale.
+    ``offset``: scale by ``1 + weight`` in fp32, the weight starting at zero (``Gemma2RMSNorm``).
     """
 
-    def __init__(self, dim: int, eps: float, *, scale_in_fp32: bool = False) -> None:
+    def __init__(self, dim: int, eps: float, *, scale_in_fp32: bool = False, offset: bool = False) -> None:
         super().__init__()
         self.eps = eps
-        self.scale_in_fp32 = scale_in_fp32
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.scale_in_fp32 = scale_in_fp32 or offset
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         hidden = x.float()
         hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (hidden * (1.0 + self.weight.float())).to(dtype)
         if self.scale_in_fp32:
             return (self.weight * hidden).to(dtype)
         return self.weight * hidden.to(dtype)
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.weight) if self.offset else nn.init.ones_(self.weight)
+
+    def init_weights(self, init: ParameterInit) -> None:
+        """The identity norm: a weight of one, or of zero where the norm scales by ``1 + weight``."""
+        if self.offset:
+            init.zeros(self.weight)
+        else:
+            init.ones(self.weight)
+
+
+def block_norm(arch: ModelArchitecture, dim: int | None = None) -> RMSNorm:
+    """An RMSNorm of the architecture's kind over ``dim`` (default ``hidden_size``)."""
+    return RMSNorm(arch.hidden_size if dim is None else dim, arch.rms_norm_eps,
+                   scale_in_fp32=arch.norms_scale_in_fp32, offset=arch.is_gemma)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: AnyRopeScaling | None) -> torch.Tensor:
@@ -223,28 +243,34 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def positioned_causal(query_positions: torch.Tensor, key_positions: torch.Tensor,
-                      documents: torch.Tensor | None) -> Callable[[Any, Any, Any, Any], Any]:
-    """The causal rule for queries and keys that are not one contiguous window (each side's tokens named by their
-    positions in the sequence), within documents when ``documents`` (batch, seq) is given: a ``mask_mod``."""
+                      documents: torch.Tensor | None, window: int | None = None) -> Callable[[Any, Any, Any, Any], Any]:
+    """The causal rule for queries and keys named by their positions in the sequence (context parallelism: not one
+    contiguous window), within documents when ``documents`` (batch, seq) is given and within the ``window`` most
+    recent positions when given (a sliding window, Hugging Face's ``q - k < window``): a ``mask_mod``."""
 
     def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
         query_position, key_position = query_positions[query], key_positions[key]
-        causal = query_position >= key_position
+        allowed = query_position >= key_position
+        if window is not None:
+            allowed = allowed & (query_position - key_position < window)
         if documents is None:
-            return causal
-        return causal & (documents[batch, query_position] == documents[batch, key_position])
+            return allowed
+        return allowed & (documents[batch, query_position] == documents[batch, key_position])
 
     return mask_mod
 
 
 def dense_positioned_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
-                          documents: torch.Tensor | None) -> torch.Tensor:
+                          documents: torch.Tensor | None, window: int | None = None) -> torch.Tensor:
     """:func:`positioned_causal`'s rule spelled out: (batch or 1, 1, queries, keys) bool, True where attended."""
-    causal = query_positions[:, None] >= key_positions[None, :]
+    distance = query_positions[:, None] - key_positions[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        allowed = allowed & (distance < window)
     if documents is None:
-        return causal[None, None]
+        return allowed[None, None]
     same = documents[:, query_positions, None] == documents[:, None, key_positions]
-    return (causal & same)[:, None]
+    return (allowed & same)[:, None]
 
 
 _compiled_flex_attention: Any = None
@@ -261,25 +287,56 @@ def flex_attention_compiled() -> Any:
     return _compiled_flex_attention
 
 
-def scales_norms_in_fp32(arch: ModelArchitecture) -> bool:
-    """Whether the architecture's norms scale before casting back (OLMo 2's ``Olmo2RMSNorm``, all of its norms)."""
-    return arch.norms_scale_in_fp32
+def soft_capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                          scale: float | None, softcap: float) -> torch.Tensor:
+    """Attention with the scores soft-capped (``c * tanh(scores / c)``, Gemma 2), written out as transformers' eager
+    Gemma attention computes it: no fused kernel takes a cap off CUDA. ``mask``: additive, None for causal."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        seq = q.shape[2]
+        mask = torch.full((seq, seq), float("-inf"), dtype=scores.dtype, device=q.device).triu(1)
+    probabilities = torch.softmax((scores + mask).float(), dim=-1).to(q.dtype)
+    return torch.matmul(probabilities, v)
+
+
+def soft_cap_score(softcap: float) -> Callable[[Any, Any, Any, Any, Any], Any]:
+    """Gemma 2's attention soft-capping as a ``flex_attention`` ``score_mod``."""
+
+    def score_mod(score: Any, batch: Any, head: Any, query: Any, key: Any) -> Any:
+        return torch.tanh(score / softcap) * softcap
+
+    return score_mod
 
 
 class Attention(nn.Module):
-    """Grouped-query causal self-attention through ``scaled_dot_product_attention``.
+    """Grouped-query causal self-attention through ``scaled_dot_product_attention`` (``flex_attention`` under a block
+    mask on CUDA).
 
     Head counts are derived from the projection widths at run time, so the same code runs
     on a tensor-parallel shard of the heads. QK-norm (``arch.qk_norm``): ``head`` normalises
-    each head of the split q and k (Qwen3), ``projection`` the whole projection output before
-    the split (OLMo 2; under tensor parallelism its mean runs over the heads of every rank).
+    each head of the split q and k (Qwen3, Gemma 3), ``projection`` the whole projection output before
+    the split (OLMo 2; under tensor parallelism its mean runs over the heads of every rank). A block
+    with a sliding window (:meth:`~btk.profile.ModelArchitecture.window`) is handed a mask that
+    holds it; soft-capped scores (Gemma 2) take :func:`soft_capped_attention` off CUDA and
+    ``flex_attention`` with :func:`soft_cap_score` on CUDA.
     """
 
-    def __init__(self, arch: ModelArchitecture, *, rope: bool = True) -> None:
+    #: Off CUDA, whether soft-capped attention is computed as written (every score kept for backward). The
+    #: full-size dry run turns it off: it measures memory, and what a GPU's ``flex_attention`` keeps for
+    #: backward is what SDPA keeps (the output and log-sum-exp), so it attends through SDPA, uncapped.
+    exact_soft_capping_off_cuda: bool = True
+
+    def __init__(self, arch: ModelArchitecture, *, rope: bool = True, window: int | None = None) -> None:
         super().__init__()
         self.head_dim = arch.effective_head_dim
         self.rope = rope  # False: this block attends without rotary embeddings (SmolLM3's NoPE blocks)
-        self.scale = arch.attention_multiplier  # None: 1/sqrt(head_dim), SDPA's own default
+        self.window = window  # the block's sliding window; its mask holds it
+        self.softcap = arch.attn_logit_softcapping
+        self.scale = arch.attention_scale  # None: 1/sqrt(head_dim), SDPA's own default
         self.num_groups = arch.num_attention_heads // arch.num_kv_heads
         self.qk_norm = arch.qk_norm
         #: Set by context parallelism (:mod:`btk_trainer.context_parallel`): gathers every rank's keys (or
@@ -290,13 +347,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
         self.v_proj = nn.Linear(h, arch.kv_dim, bias=arch.attention_bias)
         self.o_proj = nn.Linear(arch.attention_width, h, bias=arch.attention_output_bias)
-        fp32_scale = scales_norms_in_fp32(arch)
         if arch.qk_norm == "head":
-            self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
-            self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+            self.q_norm, self.k_norm = block_norm(arch, self.head_dim), block_norm(arch, self.head_dim)
         elif arch.qk_norm == "projection":
-            self.q_norm = RMSNorm(arch.attention_width, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
-            self.k_norm = RMSNorm(arch.kv_dim, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+            self.q_norm, self.k_norm = block_norm(arch, arch.attention_width), block_norm(arch, arch.kv_dim)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, width) -> (batch, seq, heads, head_dim)."""
@@ -312,20 +366,26 @@ class Attention(nn.Module):
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.window is not None and mask is None:  # without its mask a windowed block would attend to everything
+            raise ValueError("a block with a sliding window attends through its mask (Decoder.attention_mask)")
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.gather_keys is not None:
             k, v = self.gather_keys(k), self.gather_keys(v)
         # enable_gqa: each group of query heads reads its K/V head in place, no repeated copy.
         gqa = self.num_groups > 1
-        if mask is None:
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask (CUDA)
+            score_mod = None if self.softcap is None else soft_cap_score(self.softcap)
+            out = flex_attention_compiled()(q, k, v, block_mask=mask, score_mod=score_mod, scale=self.scale,
+                                            enable_gqa=gqa)
+        elif self.softcap is not None and self.exact_soft_capping_off_cuda:
+            out = soft_capped_attention(q, k, v, mask, self.scale, self.softcap)
+        elif mask is None:
             with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
-        elif isinstance(mask, torch.Tensor):
+        else:
             with sdpa_kernel(attention_backends(x.device.type), set_priority=True):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
-        else:
-            out = flex_attention_compiled()(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=gqa)
         projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
         return projected
 
@@ -338,21 +398,24 @@ class Attention(nn.Module):
         if self.o_proj.bias is not None:
             init.zeros(self.o_proj.bias)
         if self.qk_norm != "none":
-            init.ones(self.q_norm.weight)
-            init.ones(self.k_norm.weight)
+            self.q_norm.init_weights(init)
+            self.k_norm.init_weights(init)
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """Gated feed-forward: SwiGLU, or Gemma's GeGLU (GELU, tanh approximation)."""
 
     def __init__(self, arch: ModelArchitecture) -> None:
         super().__init__()
+        self.gelu = arch.is_gemma
         self.gate_proj = nn.Linear(arch.hidden_size, arch.ffn_hidden_size, bias=False)
         self.up_proj = nn.Linear(arch.hidden_size, arch.ffn_hidden_size, bias=False)
         self.down_proj = nn.Linear(arch.ffn_hidden_size, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        out: torch.Tensor = self.down_proj(activated * self.up_proj(x))
         return out
 
     def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
@@ -362,33 +425,40 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Transformer block, its norms before each sublayer (``pre``) or after it (``post``, OLMo 2).
+    """Transformer block, its norms before each sublayer (``pre``), after it (``post``, OLMo 2) or both
+    (``sandwich``, Gemma).
 
     Hugging Face names the norms by position: pre-norm blocks have ``input_layernorm`` (before
     attention) and ``post_attention_layernorm`` (before the MLP); OLMo 2's post-norm blocks have
     ``post_attention_layernorm`` (on attention's output) and ``post_feedforward_layernorm`` (on
-    the MLP's output).
+    the MLP's output); Gemma's have ``input_layernorm``, ``post_attention_layernorm`` (on attention's
+    output), ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm``.
     """
 
     def __init__(self, arch: ModelArchitecture, layer_index: int = 0) -> None:
         super().__init__()
-        self.pre_norm = arch.norm_placement == "pre"
+        self.placement = arch.norm_placement
         self.residual_multiplier = arch.residual_multiplier  # Granite scales each sublayer's output
-        fp32_scale = scales_norms_in_fp32(arch)
-        if self.pre_norm:
-            self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
-        self.self_attn = Attention(arch, rope=arch.uses_rope(layer_index))
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+        if self.placement != "post":
+            self.input_layernorm = block_norm(arch)
+        self.self_attn = Attention(arch, rope=arch.uses_rope(layer_index), window=arch.window(layer_index))
+        self.post_attention_layernorm = block_norm(arch)
+        if self.placement == "sandwich":
+            self.pre_feedforward_layernorm = block_norm(arch)
         self.mlp = MLP(arch)
-        if not self.pre_norm:
-            self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=fp32_scale)
+        if self.placement != "pre":
+            self.post_feedforward_layernorm = block_norm(arch)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: AttentionMask = None) -> torch.Tensor:
-        if self.pre_norm:
+        if self.placement == "pre":
             x = x + self._residual(self.self_attn(self.input_layernorm(x), cos, sin, mask))
             out: torch.Tensor = x + self._residual(self.mlp(self.post_attention_layernorm(x)))
             return out
+        if self.placement == "sandwich":
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+            both: torch.Tensor = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            return both
         x = x + self.post_attention_layernorm(self.self_attn(x, cos, sin, mask))
         post: torch.Tensor = x + self.post_feedforward_layernorm(self.mlp(x))
         return post
@@ -400,14 +470,17 @@ class DecoderLayer(nn.Module):
         return sublayer_output * self.residual_multiplier
 
     def norms(self) -> list[RMSNorm]:
-        """The block's two residual-stream norms."""
-        if self.pre_norm:
+        """The block's residual-stream norms (two, or Gemma's four)."""
+        if self.placement == "pre":
             return [self.input_layernorm, self.post_attention_layernorm]
+        if self.placement == "sandwich":
+            return [self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm,
+                    self.post_feedforward_layernorm]
         return [self.post_attention_layernorm, self.post_feedforward_layernorm]
 
     def init_weights(self, init: ParameterInit, std: float, depth_std: float) -> None:
         for norm in self.norms():
-            init.ones(norm.weight)
+            norm.init_weights(init)
         self.self_attn.init_weights(init, std, depth_std)
         self.mlp.init_weights(init, std, depth_std)
 
@@ -419,7 +492,7 @@ class DecoderBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(arch, index) for index in range(arch.num_layers)])
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, scale_in_fp32=scales_norms_in_fp32(arch))
+        self.norm = block_norm(arch)
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -427,27 +500,42 @@ ChunkKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[
 """``(hidden rows, head weight, targets, scale) -> (summed loss in fp32, scale x its gradient w.r.t. the logits)``."""
 
 
-def eager_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss with the micro-batch's logits whole: logits in the compute dtype, upcast to fp32,
-    then cross-entropy (the reference :class:`ChunkedCrossEntropy` is tested against)."""
-    logits = F.linear(hidden, head_weight)
+def soft_capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``softcap * tanh(logits / softcap)`` (Gemma 2's final logits), the logits themselves without a cap."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
+def eager_cross_entropy(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
+                        softcap: float | None = None) -> torch.Tensor:
+    """Mean next-token loss with the micro-batch's logits whole: logits in the compute dtype (soft-capped when
+    ``softcap`` is given), upcast to fp32, then cross-entropy (the reference :class:`ChunkedCrossEntropy` is tested
+    against)."""
+    logits = soft_capped(F.linear(hidden, head_weight), softcap)
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
 def cross_entropy_chunk(hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        scale: float, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of :class:`ChunkedCrossEntropy`: its summed loss (fp32) and ``scale`` x the loss's gradient
     w.r.t. its logits, in the hidden states' dtype.
 
     The logits are computed in the compute dtype and upcast to fp32, as :func:`eager_cross_entropy`;
-    their gradient is ``softmax - one_hot(target)``, built in place in the fp32 logits.
+    their gradient is ``softmax - one_hot(target)``, built in place in the fp32 logits. With ``softcap``
+    the loss reads the capped logits ``c tanh(z / c)``, and the gradient w.r.t. ``z`` is multiplied by
+    the cap's derivative ``1 - (capped / c)^2``.
     """
     logits = F.linear(hidden, head_weight).float()
+    derivative = None
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+        derivative = 1.0 - (logits / softcap).square()
     picked = logits.gather(-1, targets[:, None])
     log_normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
     loss = (log_normaliser - picked).sum()
     gradient = logits.sub_(log_normaliser).exp_()
     gradient.scatter_add_(-1, targets[:, None], torch.full_like(picked, -1.0))
+    if derivative is not None:
+        gradient.mul_(derivative)
     return loss, gradient.mul_(scale).to(hidden.dtype)
 
 
@@ -524,13 +612,16 @@ class ChunkedCrossEntropy:
     the order of fp32 sums); :func:`btk_trainer.parallelize.apply_fused_loss` compiles ``kernel``.
     """
 
-    def __init__(self, kernel: ChunkKernel = cross_entropy_chunk) -> None:
+    def __init__(self, kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]] = cross_entropy_chunk,
+                 softcap: float | None = None) -> None:
         self.kernel = kernel
+        self.softcap = softcap  # the final logits' soft cap (Gemma 2), passed to the kernel
 
     def __call__(self, hidden: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         chunk = loss_chunk_tokens(targets.numel(), head_weight.shape[0], head_weight.shape[1])
+        kernel = self.kernel if self.softcap is None else functools.partial(self.kernel, softcap=self.softcap)
         loss: torch.Tensor = _ChunkedCrossEntropyFunction.apply(  # type: ignore[no-untyped-call]  # torch's apply is unannotated
-            hidden, head_weight, targets, self.kernel, chunk)
+            hidden, head_weight, targets, kernel, chunk)
         return loss
 
 
@@ -565,11 +656,11 @@ class Decoder(nn.Module):
         self.lm_head = OutputHead(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tied_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.loss_fn: LossFn = ChunkedCrossEntropy()
+        self.loss_fn: LossFn = ChunkedCrossEntropy(softcap=arch.final_logit_softcapping)
         #: Set by context parallelism (:mod:`btk_trainer.context_parallel`): which positions of each sequence
         #: this rank computes, and of the keys its attention layers gather; None: every position.
         self.sequence_shard: SequenceShard | None = None
-        self._rope_cache: dict[tuple[int, str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple[int, str, str, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tie_weights(self) -> None:
         """Share the head with the embedding when tied (``to_empty`` on plain tensors unties them)."""
@@ -580,52 +671,63 @@ class Decoder(nn.Module):
     def weights_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
 
-    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32,
+    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype = torch.float32, layer_index: int = 0,
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The position tables, computed in fp32 and cast to ``dtype`` once, then shared by every block.
+        """The position tables of block ``layer_index``'s RoPE (:meth:`~btk.profile.ModelArchitecture.rope_base`:
+        the same for every block but Gemma 3's windowed ones), computed in fp32 and cast to ``dtype`` once, then
+        shared by every block that rotates alike.
 
         Cast here, not in each block: :func:`apply_rope` casts them, and so does FSDP2 with a block's
         floating-point inputs (to its ``param_dtype``); a copy made in each block is saved for that block's
         backward, ``4 x head_dim`` bytes per position per block for tables that are the same in every block.
         """
-        key = (seq_len, str(device), str(dtype))
+        theta, scaling = self.arch.rope_base(layer_index)
+        key = (seq_len, str(device), str(dtype), theta, repr(scaling))
         if key not in self._rope_cache:
-            cos, sin = rope_tables(
-                seq_len, self.arch.effective_head_dim, self.arch.rope_theta, self.arch.rope_scaling, device
-            )
+            cos, sin = rope_tables(seq_len, self.arch.effective_head_dim, theta, scaling, device)
             self._rope_cache[key] = (cos.to(dtype), sin.to(dtype))
         return self._rope_cache[key]
 
-    @staticmethod
-    def attention_mask(documents: torch.Tensor | None) -> AttentionMask:
-        """The attention mask of a micro-batch's documents, built once and shared by every block; None: causal.
+    def attention_mask(self, documents: torch.Tensor | None, window: int | None = None,
+                       seq_len: int | None = None, device: torch.device | None = None) -> AttentionMask:
+        """The attention mask of a micro-batch's documents (and of a block's sliding ``window``), built once and
+        shared by every block it applies to; None: plain causal attention over the whole window.
 
         On CUDA a ``BlockMask`` for ``flex_attention`` (blocks of 128 x 128 positions that no query
-        attends are skipped, so the cost follows the documents' lengths); elsewhere the dense mask
-        SDPA takes (``flex_attention`` has no CPU backward in torch 2.13). Both apply
-        :func:`same_document_causal`'s rule.
+        attends are skipped, so the cost follows the documents' lengths and the window); elsewhere the
+        dense mask SDPA takes (``flex_attention`` has no CPU backward in torch 2.13). Both apply
+        :func:`positioned_causal`'s rule over the positions in order. Soft-capped attention on CUDA
+        always takes a block mask (its ``score_mod`` is a ``flex_attention`` one).
         """
-        if documents is None:
+        if documents is not None:
+            seq_len, device = documents.shape[1], documents.device
+        if seq_len is None or device is None:
+            raise ValueError("attention_mask needs the documents or the sequence length and device")
+        cuda = device.type == "cuda"
+        if documents is None and window is None and not (cuda and self.arch.attn_logit_softcapping is not None):
             return None
-        if documents.device.type != "cuda":
-            return dense_document_mask(documents)
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        batch, seq = documents.shape
-        return create_block_mask(same_document_causal(documents), batch, None, seq, seq, device=documents.device)
+        positions = torch.arange(seq_len, device=device)
+        return self.positioned_attention_mask(positions, positions, documents, window)
 
     @staticmethod
     def positioned_attention_mask(query_positions: torch.Tensor, key_positions: torch.Tensor,
-                                  documents: torch.Tensor | None) -> AttentionMask:
+                                  documents: torch.Tensor | None, window: int | None = None) -> AttentionMask:
         """:meth:`attention_mask` for a rank that computes some positions of each sequence and attends to keys
         gathered in another order (context parallelism): a ``BlockMask`` on CUDA, a dense mask elsewhere."""
         if query_positions.device.type != "cuda":
-            return dense_positioned_mask(query_positions, key_positions, documents)
+            return dense_positioned_mask(query_positions, key_positions, documents, window)
         from torch.nn.attention.flex_attention import create_block_mask
 
         batch = None if documents is None else documents.shape[0]
-        return create_block_mask(positioned_causal(query_positions, key_positions, documents), batch, None,
+        return create_block_mask(positioned_causal(query_positions, key_positions, documents, window), batch, None,
                                  len(query_positions), len(key_positions), device=query_positions.device)
+
+    def embedding_scale(self, dtype: torch.dtype) -> float:
+        """What the token embeddings are multiplied by: Granite's ``embedding_multiplier``, or Gemma's
+        ``sqrt(hidden_size)`` rounded to the compute dtype first, as transformers' Gemma rounds it."""
+        if not self.arch.is_gemma:
+            return self.arch.embedding_multiplier
+        return rounded_to(dtype, math.sqrt(self.arch.hidden_size))
 
     def hidden(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states as the head reads them (after the last norm, divided by ``logits_scaling``: the
@@ -636,18 +738,23 @@ class Decoder(nn.Module):
         shard = self.sequence_shard
         positions = None if shard is None else shard.positions(seq, tokens.device)
         x = self.model.embed_tokens(tokens if positions is None else tokens[:, positions])
-        if self.arch.embedding_multiplier != 1.0:
-            x = x * self.arch.embedding_multiplier
-        cos, sin = self.rope(seq, tokens.device, x.dtype)
-        if shard is None or positions is None:
-            mask = self.attention_mask(documents)
-        else:
-            cos, sin = cos[positions], sin[positions]
-            mask = self.positioned_attention_mask(positions, shard.key_positions(seq, tokens.device), documents)
-        if isinstance(mask, torch.Tensor):
-            mask = additive_mask(mask, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+        scale = self.embedding_scale(x.dtype)
+        if scale != 1.0:
+            x = x * scale
+        masks: dict[int | None, AttentionMask] = {}
+        for index, layer in enumerate(self.model.layers):
+            window = self.arch.window(index)
+            if window not in masks:
+                if shard is None or positions is None:
+                    mask = self.attention_mask(documents, window, seq, tokens.device)
+                else:
+                    mask = self.positioned_attention_mask(positions, shard.key_positions(seq, tokens.device),
+                                                          documents, window)
+                masks[window] = additive_mask(mask, x.dtype) if isinstance(mask, torch.Tensor) else mask
+            cos, sin = self.rope(seq, tokens.device, x.dtype, index)
+            if positions is not None:
+                cos, sin = cos[positions], sin[positions]
+            x = layer(x, cos, sin, masks[window])
         normed: torch.Tensor = self.model.norm(x)
         if self.arch.logits_scaling != 1.0:
             normed = normed / self.arch.logits_scaling
@@ -657,7 +764,7 @@ class Decoder(nn.Module):
                 documents: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.hidden(tokens, documents)
         if targets is None:
-            logits: torch.Tensor = self.lm_head(hidden)
+            logits: torch.Tensor = soft_capped(self.lm_head(hidden), self.arch.final_logit_softcapping)
             return logits
         if self.sequence_shard is not None:  # this rank's positions: its mean loss is over its own tokens
             targets = targets[:, self.sequence_shard.positions(targets.shape[1], targets.device)]
@@ -683,10 +790,24 @@ class Decoder(nn.Module):
         init.normal(self.model.embed_tokens.weight, std)
         for layer in self.model.layers:
             cast(DecoderLayer, layer).init_weights(init, std, depth_std)  # or a wrapper forwarding to one
-        init.ones(self.model.norm.weight)
+        self.model.norm.init_weights(init)
         if not self.weights_tied:
             init.normal(self.lm_head.weight, std)
         init.check_complete()
+
+def rounded_to(dtype: torch.dtype, value: float) -> float:
+    """``value`` rounded to ``dtype`` (nearest, ties to even) as a Python float, computed without a tensor (the dry
+    run builds its model among fake tensors, which hold no value)."""
+    if dtype == torch.float16:
+        return float(struct.unpack("<e", struct.pack("<e", value))[0])
+    if dtype == torch.bfloat16:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+    if dtype == torch.float32:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    return value
+
 
 HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -696,6 +817,8 @@ HF_ARCHITECTURES = {
     "granite": "GraniteForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 """The ``architectures`` entry of each ``model_type`` :func:`hf_config` writes (Mistral's block is Llama's)."""
 
@@ -745,6 +868,35 @@ def hf_config(arch: ModelArchitecture, dtype: str = "bfloat16") -> dict[str, Any
                       attention_multiplier=arch.attention_multiplier or arch.effective_head_dim ** -0.5)
     if model_type == "smollm3":
         config.update(no_rope_layer_interval=arch.no_rope_interval, use_sliding_window=False)
+    if arch.is_gemma:
+        config.update(_gemma_config(arch))
+    return config
+
+
+def _gemma_config(arch: ModelArchitecture) -> dict[str, Any]:
+    """What a Gemma 2 or 3 ``config.json`` adds: its activation, query scale, windows per block, soft caps and, for
+    Gemma 3, the windowed blocks' RoPE (both spellings again: ``rope_local_base_freq`` for transformers 4.x,
+    ``rope_parameters`` per attention type for 5.x)."""
+    layer_types = ["full_attention" if arch.window(index) is None else "sliding_attention"
+                   for index in range(arch.num_layers)]
+    config: dict[str, Any] = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": arch.query_pre_attn_scalar or arch.effective_head_dim,
+        "sliding_window": arch.sliding_window,
+        "layer_types": layer_types,
+        "attn_logit_softcapping": arch.attn_logit_softcapping,
+        "final_logit_softcapping": arch.final_logit_softcapping,
+        "use_bidirectional_attention": False,
+        "pad_token_id": None,  # the trainer's embedding has no padding row (Gemma's config would freeze row 0)
+    }
+    if arch.hf_model_type == "gemma3_text":
+        local_theta = arch.local_rope_theta or arch.rope_theta
+        full = {"rope_type": "default", "rope_theta": arch.rope_theta}
+        if arch.rope_scaling is not None:
+            full = {**arch.rope_scaling.model_dump(exclude_none=True), "rope_theta": arch.rope_theta}
+        config.update(rope_local_base_freq=local_theta, rope_parameters={
+            "full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": local_theta}})
     return config
 
 

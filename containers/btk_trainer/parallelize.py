@@ -204,9 +204,12 @@ class LossParallelHead(ColwiseParallel):
 
 
 def _vocab_shard_statistics(hidden: torch.Tensor, head_weight: torch.Tensor, local_targets: torch.Tensor,
-                            inside: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's fp32 logits of a chunk and, per token, its (max, sum of exp(logit - max), target logit or 0)."""
+                            inside: torch.Tensor, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fp32 logits of a chunk (soft-capped when ``softcap`` is given) and, per token, its (max, sum of
+    exp(logit - max), target logit or 0)."""
     logits = F.linear(hidden, head_weight).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     maximum = logits.amax(-1, keepdim=True)
     sum_exp = (logits - maximum).exp().sum(-1, keepdim=True)
     picked = logits.gather(-1, local_targets[:, None]) * inside[:, None]
@@ -214,10 +217,14 @@ def _vocab_shard_statistics(hidden: torch.Tensor, head_weight: torch.Tensor, loc
 
 
 def _vocab_shard_gradient(logits: torch.Tensor, log_normaliser: torch.Tensor, local_targets: torch.Tensor,
-                          inside: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``scale`` x (softmax - one_hot(target)) on this rank's vocabulary shard, in ``dtype``."""
+                          inside: torch.Tensor, scale: float, dtype: torch.dtype,
+                          softcap: float | None = None) -> torch.Tensor:
+    """``scale`` x (softmax - one_hot(target)) on this rank's vocabulary shard, in ``dtype``; w.r.t. the logits
+    before the soft cap when ``logits`` are capped (times the cap's derivative ``1 - (logits / softcap)^2``)."""
     gradient = (logits - log_normaliser).exp()
     gradient = gradient.scatter_add(-1, local_targets[:, None], -inside[:, None].to(gradient.dtype))
+    if softcap is not None:
+        gradient = gradient * (1.0 - (logits / softcap).square())
     return (gradient * scale).to(dtype)
 
 
@@ -265,7 +272,8 @@ class VocabParallelCrossEntropy:
     compiles the two local pieces around the all-gather (the fused loss).
     """
 
-    def __init__(self, compile_backend: str | None = None) -> None:
+    def __init__(self, compile_backend: str | None = None, softcap: float | None = None) -> None:
+        self.softcap = softcap  # the final logits' soft cap (Gemma 2)
         self.statistics: Any = _vocab_shard_statistics
         self.gradient: Any = _vocab_shard_gradient
         if compile_backend is not None:
@@ -291,14 +299,15 @@ class VocabParallelCrossEntropy:
             local_targets = targets - vocab_start
             inside = (local_targets >= 0) & (local_targets < shard_vocab)
             local_targets = local_targets.clamp(0, shard_vocab - 1)
-            logits, mine = self.statistics(hidden, head_weight, local_targets, inside)
+            logits, mine = self.statistics(hidden, head_weight, local_targets, inside, self.softcap)
             gathered = torch.empty((ranks * mine.shape[0], mine.shape[1]), dtype=mine.dtype, device=mine.device)
             dist.all_gather_single(gathered, mine, group=group)
             every = gathered.view(ranks, *mine.shape)
             maximum = every[..., 0:1].amax(0)
             log_normaliser = maximum + (every[..., 1:2] * (every[..., 0:1] - maximum).exp()).sum(0).log()
             loss = (log_normaliser - every[..., 2:3].sum(0)).sum()
-            return loss, self.gradient(logits, log_normaliser, local_targets, inside, scale, hidden.dtype)
+            return loss, self.gradient(logits, log_normaliser, local_targets, inside, scale, hidden.dtype,
+                                       self.softcap)
 
         return kernel
 
@@ -380,7 +389,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, precision: str, s
     })
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.loss_fn = VocabParallelCrossEntropy()
+    model.loss_fn = VocabParallelCrossEntropy(softcap=model.arch.final_logit_softcapping)
     plan = {
         "self_attn": prepare_input(input_layouts=(Shard(1), None, None, None),  # x, cos, sin, mask
                                    desired_input_layouts=(Replicate(), None, None, None)),
@@ -404,10 +413,14 @@ def _block_norm_plan(arch: ModelArchitecture) -> dict[str, Any]:
 
     Pre-norm blocks hand their norms' output to attention and the MLP, whose input preparation
     takes the sequence-sharded DTensor; OLMo 2's post-norms hand theirs to the residual add,
-    which holds plain tensors, so they return the local shard.
+    which holds plain tensors, so they return the local shard. Gemma's sandwich has both kinds.
     """
     if arch.norm_placement == "pre":
         return {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel()}
+    if arch.norm_placement == "sandwich":
+        return {"input_layernorm": SequenceParallel(), "pre_feedforward_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(use_local_output=True),
+                "post_feedforward_layernorm": SequenceParallel(use_local_output=True)}
     return {"post_attention_layernorm": SequenceParallel(use_local_output=True),
             "post_feedforward_layernorm": SequenceParallel(use_local_output=True)}
 
@@ -600,10 +613,12 @@ def apply_compile(model: Decoder, backend: str = "inductor") -> None:
 def apply_fused_loss(model: Decoder, backend: str = "inductor") -> None:
     """Compile the chunked loss's kernel: per chunk, head matmul + upcast + log-sum-exp + softmax gradient in one
     graph, no fp32 copy of the chunk's logits (the vocabulary-parallel loss: its two local pieces)."""
+    softcap = model.arch.final_logit_softcapping
     if isinstance(model.loss_fn, VocabParallelCrossEntropy):
-        model.loss_fn = VocabParallelCrossEntropy(compile_backend=backend)
+        model.loss_fn = VocabParallelCrossEntropy(compile_backend=backend, softcap=softcap)
     else:
-        model.loss_fn = ChunkedCrossEntropy(torch.compile(cross_entropy_chunk, fullgraph=True, backend=backend))
+        model.loss_fn = ChunkedCrossEntropy(torch.compile(cross_entropy_chunk, fullgraph=True, backend=backend),
+                                            softcap=softcap)
 
 
 def apply_fsdp(model: Decoder, mesh: DeviceMesh, shape: MeshShape, param_dtype: torch.dtype | None) -> None:

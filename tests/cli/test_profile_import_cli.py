@@ -80,7 +80,6 @@ def test_output_writes_a_new_file_and_never_overwrites(capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(("config", "field"), [("qwen3-30b-a3b.json", "num_experts"),
-                                               ("gemma-2-9b-it.json", "final_logit_softcapping"),
                                                ("starcoder2-7b.json", "sliding_window"),
                                                ("llava-1.5-7b-hf.json", "vision_config")])
 def test_unsupported_configs_are_one_line_naming_the_field(

@@ -127,6 +127,19 @@ def test_unsupported_features_are_refused_at_load_naming_the_field(field: str) -
         ({"attention_multiplier": 0.0}, "architecture.attention_multiplier: "),
         ({"residual_multiplier": float("nan")}, "architecture.residual_multiplier: "),
         ({"no_rope_interval": 0}, "architecture.no_rope_interval: "),
+        # Gemma's fields come with its block, and with each other as Gemma has them.
+        ({"sliding_window": 4096}, "architecture.sliding_window: "),
+        ({"attn_logit_softcapping": 50.0, "qk_norm": "head"}, "architecture.attn_logit_softcapping: "),
+        ({"final_logit_softcapping": 30.0, "norm_placement": "post", "qk_norm": "projection"},
+         "architecture.final_logit_softcapping: "),
+        ({"norm_placement": "sandwich", "full_attention_interval": 2}, "architecture.full_attention_interval: "),
+        ({"norm_placement": "sandwich", "sliding_window": 64, "local_rope_theta": 1e4}, "architecture.local_rope_theta: "),
+        ({"norm_placement": "sandwich", "qk_norm": "head", "local_rope_theta": 1e4}, "architecture.local_rope_theta: "),
+        ({"norm_placement": "sandwich", "embedding_multiplier": 12.0}, "architecture.embedding_multiplier: "),
+        ({"norm_placement": "sandwich", "qk_norm": "projection"}, "architecture.qk_norm: "),
+        ({"norm_placement": "sandwich", "attn_logit_softcapping": 0.0}, "architecture.attn_logit_softcapping: "),
+        ({"norm_placement": "sandwich", "sliding_window": 0}, "architecture.sliding_window: "),
+        ({"norm_placement": "sandwich", "query_pre_attn_scalar": 1.5}, "architecture.query_pre_attn_scalar: "),
     ],
 )
 def test_layouts_no_family_has_are_refused_naming_the_field(changes: dict[str, object], field: str) -> None:

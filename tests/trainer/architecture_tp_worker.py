@@ -29,6 +29,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from trainer_fixtures import (  # noqa: E402
     RANK_START_METHOD,
+    tiny_gemma2,
+    tiny_gemma3,
     tiny_granite,
     tiny_mistral_nemo,
     tiny_olmo2,
@@ -40,7 +42,8 @@ from btk.knobs import TrainingKnobs  # noqa: E402
 from btk.profile import ModelArchitecture  # noqa: E402
 
 ARCHITECTURES = {"mistral-nemo": tiny_mistral_nemo(), "qwen3": tiny_qwen3(), "olmo2": tiny_olmo2(),
-                 "granite": tiny_granite(), "smollm3": tiny_smollm3()}
+                 "granite": tiny_granite(), "smollm3": tiny_smollm3(), "gemma2": tiny_gemma2(),
+                 "gemma3": tiny_gemma3(num_kv_heads=2)}
 # (activation checkpointing, compile backend): eager, and the GPU's compiled path traced by aot_eager.
 MODES = (("none", None), ("selective", None), ("full", None), ("selective", "aot_eager"))
 SEED = 5

@@ -25,11 +25,18 @@ sys.path[:0] = [str(HERE.parents[1] / "containers"), str(HERE.parents[1]), str(H
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from trainer_fixtures import RANK_START_METHOD, masked, sigterm_after, tiny_spec  # noqa: E402
+from trainer_fixtures import (  # noqa: E402
+    RANK_START_METHOD,
+    masked,
+    sigterm_after,
+    tiny_gemma2,
+    tiny_gemma3,
+    tiny_spec,
+)
 
 from btk.hyperparameters import JobHyperparameters  # noqa: E402
 from btk.knobs import TrainingKnobs  # noqa: E402
-from btk.profile import TrainingIntent  # noqa: E402
+from btk.profile import ModelArchitecture, TrainingIntent  # noqa: E402
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -470,12 +477,20 @@ def scenario_context_parallel(workdir: Path, data_dir: Path) -> dict[str, Any]:
                 "max_weight_diff": max(float((a[k] - b[k]).abs().max()) for k in a) if a else -1.0,
                 "keys_match": sorted(a) == sorted(b), "steps": [reference.steps_done, other.steps_done]}
 
+    def gemma(spec: JobHyperparameters, arch: ModelArchitecture) -> JobHyperparameters:
+        return spec.model_copy(update={"architecture": arch})
+
+    # Gemma 2 (windowed blocks, soft caps) and Gemma 3 (the windowed blocks' own RoPE) with document masking.
+    gemma2, gemma3 = tiny_gemma2(), tiny_gemma3(num_kv_heads=2)
     degrees = [cp for cp in (2, 4) if cp <= world]
     plain, masked_plain = run(layout(1)), run(masked(layout(1)))
+    gemma2_plain, gemma3_masked_plain = run(gemma(layout(1), gemma2)), run(masked(gemma(layout(1), gemma3)))
     out: dict[str, Any] = {"degrees": degrees, "cases": {}}
     for cp in degrees:
         out["cases"][f"cp{cp}"] = compared(plain, run(layout(cp)))
         out["cases"][f"cp{cp}_masked"] = compared(masked_plain, run(masked(layout(cp))))
+        out["cases"][f"cp{cp}_gemma2"] = compared(gemma2_plain, run(gemma(layout(cp), gemma2)))
+        out["cases"][f"cp{cp}_gemma3_masked"] = compared(gemma3_masked_plain, run(masked(gemma(layout(cp), gemma3))))
         for mode in ("selective", "full"):  # the recompute gathers the keys and values again
             checkpointed = run(layout(cp, activation_checkpointing=mode))
             out["cases"][f"cp{cp}_{mode}_checkpointing"] = compared(plain, checkpointed)

@@ -15,9 +15,10 @@ code keeps for backward, read two ways that share nothing with the planner:
   ``saved_tensors_hooks`` (distinct storages, parameters and the RoPE tables left out) at one
   sequence length: all of it is per token, none of it a constant.
 
-Layouts: Llama (GQA), Qwen3 (per-head QK-norm, head_dim wider than hidden / heads) and OLMo 2
-(norms after the sublayers, scaled in fp32, QK-norm over the whole projection), at widths
-where every term differs (h 256, a 256 or 384, kv 128 to 256, f 704).
+Layouts: Llama (GQA), Qwen3 (per-head QK-norm, head_dim wider than hidden / heads), OLMo 2
+(norms after the sublayers, scaled in fp32, QK-norm over the whole projection) and Gemma 2/3 (four norms
+scaling by 1 + w in fp32, GeGLU, windowed blocks; soft-capped attention as the dry run and a GPU keep it),
+at widths where every term differs (h 256, a 256 or 384, kv 128 to 256, f 704).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Any
 import pytest
 import torch
 from btk_trainer import dryrun
-from btk_trainer.model import DecoderLayer, rope_tables
-from trainer_fixtures import tiny_granite, tiny_llama, tiny_olmo2, tiny_qwen3, tiny_smollm3
+from btk_trainer.model import DecoderLayer, additive_mask, dense_positioned_mask, rope_tables
+from trainer_fixtures import tiny_gemma2, tiny_gemma3, tiny_granite, tiny_llama, tiny_olmo2, tiny_qwen3, tiny_smollm3
 
 from btk.hardware import get_instance_type
 from btk.knobs import TrainingKnobs
@@ -49,6 +50,9 @@ LAYOUTS: dict[str, Callable[..., ModelArchitecture]] = {
     "granite": lambda **depth: tiny_granite(**WIDTHS, **depth),
     # Every third block without RoPE: the block a depth of 3 adds over 2 is one.
     "smollm3": lambda **depth: tiny_smollm3(**{**WIDTHS, "no_rope_interval": 3}, **depth),
+    # Block 0 windowed, block 1 full; the block a depth of 3 adds over 2 is windowed.
+    "gemma2": lambda **depth: tiny_gemma2(**WIDTHS, **depth),
+    "gemma3": lambda **depth: tiny_gemma3(**{**WIDTHS, "head_dim": 96}, **depth),
 }
 
 
@@ -93,6 +97,10 @@ EAGER_CASES = [
     ("granite", {"activation_checkpointing": "none"}),
     ("granite", {"activation_checkpointing": "selective", "tensor_parallel": 2}),
     ("smollm3", {"activation_checkpointing": "none"}),
+    ("gemma2", {"activation_checkpointing": "none"}),
+    ("gemma2", {"activation_checkpointing": "selective"}),
+    ("gemma2", {"activation_checkpointing": "none", "tensor_parallel": 2}),
+    ("gemma3", {"activation_checkpointing": "none"}),
 ]
 
 
@@ -115,7 +123,12 @@ def compiled_block_bytes(arch: ModelArchitecture, seq_len: int) -> int:
     block = DecoderLayer(arch).to(torch.bfloat16)
     cos, sin = (table.to(torch.bfloat16) for table in rope_tables(seq_len, arch.effective_head_dim, arch.rope_theta,
                                                                    arch.rope_scaling))
-    shared = {tensor.untyped_storage().data_ptr() for tensor in (*block.parameters(), cos, sin)}
+    mask = None
+    if arch.window(0) is not None:  # its mask is made once for every windowed block: not this block's
+        positions = torch.arange(seq_len)
+        mask = additive_mask(dense_positioned_mask(positions, positions, None, arch.window(0)), torch.bfloat16)
+    constant = (*block.parameters(), cos, sin) if mask is None else (*block.parameters(), cos, sin, mask)
+    shared = {tensor.untyped_storage().data_ptr() for tensor in constant}
     saved: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -126,8 +139,8 @@ def compiled_block_bytes(arch: ModelArchitecture, seq_len: int) -> int:
 
     compiled = torch.compile(block, backend="inductor", dynamic=False)
     x = torch.randn(MICRO_BATCH, seq_len, arch.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = compiled(x, cos, sin)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), dryrun.attention_as_a_gpu_keeps_it():
+        out = compiled(x, cos, sin, mask)
     out.float().square().mean().backward()  # the saved tensors are used: backward runs
     # Only that it ran: the values are not this test's (with ATEN_CPU_CAPABILITY=avx2 Inductor's CPU code for this
     # bf16 block gives non-finite outputs on an AVX-512 host, eager does not; the GPU compiles through Triton).

@@ -3,7 +3,8 @@
 Mistral NeMo's heads wider than hidden / heads, Qwen3's per-head QK-norm, OLMo 2's
 whole-projection QK-norm with post-sublayer norms, Granite's multipliers (on the sequence-sharded
 embedding output, the residual adds and the loss-parallel head's input) and SmolLM3's block without
-RoPE: the loss and every gradient equal the plain
+RoPE, Gemma 2's sandwich norms with soft-capped attention and logits (the vocabulary-parallel loss caps each
+rank's shard) and Gemma 3's per-head QK-norm beside windowed blocks: the loss and every gradient equal the plain
 model's on the same batch, eager and compiled (aot_eager), under every checkpointing mode
 (tests/trainer/architecture_tp_worker.py). Tolerance: fp32, 1e-6 (TP only reorders sums); the
 QK-norm weights' gradients are about 2e-3, so a norm left unsharded misses by far more.
@@ -33,7 +34,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return loaded
 
 
-@pytest.mark.parametrize("architecture", ["mistral-nemo", "qwen3", "olmo2", "granite", "smollm3"])
+@pytest.mark.parametrize("architecture", ["mistral-nemo", "qwen3", "olmo2", "granite", "smollm3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("mode", ["none/eager", "selective/eager", "full/eager", "selective/aot_eager"])
 def test_tensor_parallel_matches_the_plain_model(results: dict[str, Any], architecture: str, mode: str) -> None:
     case = results[f"{architecture}/{mode}"]

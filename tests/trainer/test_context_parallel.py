@@ -1,11 +1,13 @@
 """Context parallelism (``context_parallel``): the ranks of a sequence together train exactly what one rank
 holding the whole sequence trains.
 
-The gloo runs (tests/trainer/dist_worker.py, scenario ``context_parallel``) train the tiny Llama for four
-whole steps (clipping, AdamW) with each sequence shared by 2 and 4 ranks, with document masking, under
-selective and full activation checkpointing, composed with tensor parallelism (2 x 2) and with HSDP (4 ranks
-as 2 nodes), against the run that does not share sequences on the same windows; and resume a run stopped
-under one degree under another. Tolerance: fp32, 1e-5 (the ranks' partial sums only reorder additions).
+The gloo runs (tests/trainer/dist_worker.py, scenario ``context_parallel``) train the tiny Llama for four whole
+steps (clipping, AdamW) with each sequence shared by 2 and 4 ranks, with document masking, under selective and
+full activation checkpointing, the Gemma 2 toy (windowed blocks, soft caps) and the Gemma 3 toy with document
+masking (the windowed blocks' own RoPE read at each rank's positions), composed with tensor parallelism (2 x 2)
+and with HSDP (4 ranks as 2 nodes), against the run that does not share sequences on the same windows; and
+resume a run stopped under one degree under another. Tolerance: fp32, 1e-5 (the ranks' partial sums only reorder
+additions).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def runs(request: pytest.FixtureRequest, dataset: Path, tmp_path_factory: pytest
 @pytest.mark.slow
 def test_sharing_each_sequence_trains_what_one_rank_holding_it_trains(runs: dict[str, Any]) -> None:
     expected = {f"cp{cp}{variant}" for cp in (2, 4) if cp <= runs["world"]
-                for variant in ("", "_masked", "_selective_checkpointing", "_full_checkpointing")}
+                for variant in ("", "_masked", "_selective_checkpointing", "_full_checkpointing", "_gemma2",
+                                "_gemma3_masked")}
     if runs["world"] >= 4:
         expected |= {"cp2_tp2", "cp2_tp2_masked", "cp2_hybrid_2_nodes"}
     assert expected <= set(runs["cases"])
@@ -90,6 +93,11 @@ def test_the_positioned_mask_is_the_causal_document_mask_read_at_the_ranks_posit
         assert torch.equal(dense_positioned_mask(queries, keys, documents), expected)
         causal_only = dense_positioned_mask(queries, keys, None)
         assert torch.equal(causal_only[0, 0], queries[:, None] >= keys[None, :])
+        windowed = dense_positioned_mask(queries, keys, documents, window=3)
+        positions = torch.arange(16)
+        whole_windowed = dense_positioned_mask(positions, positions, documents, window=3)
+        assert torch.equal(windowed, whole_windowed[:, :, queries][:, :, :, keys])
+        assert int(whole_windowed.sum(-1).max()) == 3  # no query attends to more than the window
 
 
 def test_the_knob_is_left_out_of_a_jobs_hyperparameters_at_its_default() -> None:

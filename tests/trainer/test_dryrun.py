@@ -97,7 +97,7 @@ def test_a_document_masked_step_less_the_cpus_dense_mask_is_the_causal_steps_mem
     mask = dryrun.dense_mask_gib(case.knobs, documents=True)
     expected = case.knobs.micro_batch_size * case.knobs.seq_len // case.knobs.context_parallel * case.knobs.seq_len
     assert mask * dryrun.GIB == expected * 2  # bf16, one per sequence
-    monkeypatch.setattr(dryrun, "dense_mask_gib", lambda knobs, documents=False: 0.0)
+    monkeypatch.setattr(dryrun, "dense_mask_gib", lambda knobs, documents=False, arch=None: 0.0)
     assert dryrun.run_steps(case).total == pytest.approx(causal.total + mask, abs=1e-12)
 
 
@@ -259,6 +259,9 @@ FULL_SIZE = {
     "granite": lambda: imported_case("granite-3.3-8b-instruct.json", "granite-3.3-8b"),
     "smollm3": lambda: imported_case("smollm3-3b.json", "smollm3-3b"),
     "phi3": lambda: imported_case("phi-4.json", "phi-4"),
+    # Gemma's block: four norms, windowed blocks (their dense CPU mask left out), soft caps (Gemma 2).
+    "gemma2": lambda: imported_case("gemma-2-9b-it.json", "gemma-2-9b"),
+    "gemma3": lambda: imported_case("gemma-3-1b-it.json", "gemma-3-1b"),
     # Long contexts, each family at 131,072 tokens on B200 and B300 (context parallelism): Llama 3.1 8B, and
     # Qwen2.5 32B with YaRN. A plan the trainer sees alike on both (Qwen's) runs once, held to each budget.
     **{f"long-context-{family}-{gpu}": (lambda profile=profile, gpu=gpu: long_context_case(

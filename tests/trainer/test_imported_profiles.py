@@ -2,7 +2,8 @@
 
 Qwen3-4B (heads 128 wide against a 2560 residual, per-head QK-norm, tied), Mistral NeMo 12B
 (heads 128 wide against 5120 / 32 = 160), Granite 3.3 8B (multipliers), SmolLM3-3B (every fourth
-block without RoPE) and Phi-4 (fused checkpoint projections) are imported from tests/hf_configs as
+block without RoPE), Phi-4 (fused checkpoint projections), Gemma 2 9B (windowed and full blocks, soft caps) and
+Gemma 3 1B (windowed blocks with their own RoPE base) are imported from tests/hf_configs as
 they are and planned. Training them needs GPUs, so the job trains each one's block layout at toy size: the
 same fields with the widths scaled down (head_dim kept apart from hidden / heads), written to a
 hyperparameters.json and run through the trainer's own entry point. The exported checkpoint is
@@ -39,12 +40,14 @@ ADDED_TO_LLAMA = {"granite-3.3-8b": "granite-3.3-8b-instruct.json", "smollm3-3b"
                   "phi-4": "phi-4.json"}
 """Families whose block is Llama's plus multipliers (Granite), blocks without RoPE (SmolLM3) or a fused
 checkpoint layout (Phi-4)."""
+GEMMA = {"gemma-2-9b": "gemma-2-9b-it.json", "gemma-3-1b": "gemma-3-1b-it.json"}
+"""Gemma's block: four norms, GeGLU, windowed blocks beside full ones, Gemma 2's soft caps."""
 SUPPORTED = sorted(path.name for path in CONFIGS.glob("*.json")
                    if json.loads(path.read_text()).get("model_type") in HF_FAMILIES)
 
 
 def imported(name: str) -> ModelProfile:
-    return profile_from_config(json.loads((CONFIGS / {**IMPORTED, **ADDED_TO_LLAMA}[name]).read_text()), name)
+    return profile_from_config(json.loads((CONFIGS / {**IMPORTED, **ADDED_TO_LLAMA, **GEMMA}[name]).read_text()), name)
 
 
 def at_toy_size(arch: ModelArchitecture) -> ModelArchitecture:
@@ -54,7 +57,10 @@ def at_toy_size(arch: ModelArchitecture) -> ModelArchitecture:
                                "ffn_hidden_size": 96, "vocab_size": 128, "max_context": 256,
                                "head_dim": None if arch.head_dim is None else 32,
                                # one of the two blocks without RoPE, where the model has such blocks
-                               "no_rope_interval": None if arch.no_rope_interval is None else 2}
+                               "no_rope_interval": None if arch.no_rope_interval is None else 2,
+                               # a window the 32-token windows outgrow, on the first of the two blocks
+                               "sliding_window": None if arch.sliding_window is None else 7,
+                               "full_attention_interval": None if arch.full_attention_interval is None else 2}
     return ModelArchitecture.model_validate(arch.model_dump() | changes)
 
 
@@ -90,8 +96,31 @@ def test_added_families_plan_and_their_jobs_carry_the_block(name: str) -> None:
     assert from_hyperparameters(written).architecture == arch
 
 
+@pytest.mark.parametrize("name", sorted(GEMMA))
+def test_gemma_plans_count_its_windows_and_its_jobs_carry_the_block(name: str) -> None:
+    """The plan fits one B200 node; the windowed blocks' attention is counted over their window only (the MFU
+    convention's ``12·a·s`` per full block, the window's mean keys per windowed one); the job carries the block."""
+    profile = imported(name)
+    arch = profile.architecture
+    assert arch.sliding_window is not None and arch.full_attention_interval is not None
+    plan = plan_profile(profile, get_instance_type(DEFAULT_INSTANCE_TYPE), 1)
+    assert plan.evaluation.fits
+    seq, window = 8192, arch.sliding_window
+    full_blocks = arch.num_layers // arch.full_attention_interval
+    windowed_keys = (window * (window + 1) / 2 + (seq - window) * window) / seq  # mean keys of a windowed query
+    causal_keys = (seq + 1) / 2
+    expected = 12.0 * arch.attention_width * (full_blocks * seq
+                                               + (arch.num_layers - full_blocks) * seq * windowed_keys / causal_keys)
+    assert model_flops_per_token(arch, seq) - 6.0 * arch.matmul_parameters == pytest.approx(expected, rel=1e-12)
+    spec = JobHyperparameters(knobs=plan.knobs, architecture=arch, training=profile.training,
+                              job=JobSettings(profile=name))
+    written = to_hyperparameters(spec)
+    assert {"arch.norm_placement", "arch.sliding_window", "arch.full_attention_interval"} <= written.keys()
+    assert from_hyperparameters(written).architecture == arch
+
+
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("name", sorted([*IMPORTED, *ADDED_TO_LLAMA]))
+@pytest.mark.parametrize("name", sorted([*IMPORTED, *ADDED_TO_LLAMA, *GEMMA]))
 def test_imported_layouts_train_export_and_load_in_transformers(name: str, tmp_path: Path) -> None:
     arch = at_toy_size(imported(name).architecture)
     spec = JobHyperparameters(
@@ -107,8 +136,9 @@ def test_imported_layouts_train_export_and_load_in_transformers(name: str, tmp_p
     assert architecture_from_config(exported) == arch
     trained = Decoder(arch)
     load_safetensors(trained, tmp_path / "model")
+    attention = "eager" if exported["model_type"] == "gemma2" else "sdpa"  # transformers' Gemma 2: eager only
     hf = getattr(transformers, HF_CLASSES[exported["model_type"]]).from_pretrained(
-        str(tmp_path / "model"), dtype=torch.float32, attn_implementation="sdpa").eval()
+        str(tmp_path / "model"), dtype=torch.float32, attn_implementation=attention).eval()
     tokens = torch.randint(0, arch.vocab_size, (2, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         # bf16 export of fp32 training weights, read back the same way by both: same math.

@@ -4,7 +4,9 @@ One tiny random configuration per family: Llama 3.x (GQA, llama3 RoPE scaling; a
 attention biases), Qwen2.5 (q/k/v biases, tied; and with YaRN RoPE scaling), Mistral NeMo (head_dim wider than
 hidden / heads), Qwen3 (per-head QK-norm), OLMo 2 (QK-norm over the whole projections,
 norms after each sublayer), Granite 3.x (embedding, attention, residual and logits multipliers),
-SmolLM3 (a block without RoPE) and Phi-3/Phi-4 (fused q/k/v and gate/up in the checkpoint).
+SmolLM3 (a block without RoPE), Phi-3/Phi-4 (fused q/k/v and gate/up in the checkpoint), Gemma 2 (sandwich
+norms scaling by 1 + w, GeGLU, scaled embeddings, a windowed and a full block, soft-capped scores and logits)
+and Gemma 3 (per-head QK-norm, the windowed block's own RoPE base).
 Our checkpoint is exported with :func:`export_hf`, and transformers builds its model from that
 ``config.json`` alone, so the exported config is checked too. Tolerance: fp32 logits within
 atol 1e-5 / rtol 1e-5 (same math, different op order); gradients and the logits after one SGD
@@ -21,6 +23,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling)
 from btk_trainer.model import Decoder, export_hf, from_hf_state_dict, load_safetensors, to_hf_state_dict
 from trainer_fixtures import (
+    tiny_gemma2,
+    tiny_gemma3,
     tiny_granite,
     tiny_llama,
     tiny_mistral_nemo,
@@ -32,7 +36,7 @@ from trainer_fixtures import (
     tiny_smollm3,
 )
 
-from btk.profile import ModelArchitecture, YarnRopeScaling
+from btk.profile import ModelArchitecture, RopeScaling, YarnRopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,16 +61,24 @@ FAMILIES = {
     "granite-multipliers": tiny_granite(),
     "smollm3-no-rope-block": tiny_smollm3(),
     "phi3-fused-projections": tiny_phi3(),
+    "gemma2-windows-soft-caps": tiny_gemma2(),
+    "gemma3-qk-norm-local-rope": tiny_gemma3(),
+    # Every block windowed, the window wider than the probe; and Gemma 3 with Llama 3's scaling on its full blocks.
+    "gemma2-every-block-windowed": tiny_gemma2(full_attention_interval=None, sliding_window=64),
+    "gemma3-scaled-full-blocks": tiny_gemma3(rope_scaling=RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
 }
 HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-              "phi3": "Phi3ForCausalLM"}
+              "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def _hf_model(directory: Path) -> torch.nn.Module:
     config = json.loads((directory / "config.json").read_text())
     cls = getattr(transformers, HF_CLASSES[config["model_type"]])
-    model = cls.from_pretrained(str(directory), dtype=torch.float32, attn_implementation="sdpa")
+    # Gemma 2's soft-capped scores: transformers refuses SDPA for it, and its eager attention is the reference.
+    attention = "eager" if config["model_type"] == "gemma2" else "sdpa"
+    model = cls.from_pretrained(str(directory), dtype=torch.float32, attn_implementation=attention)
     return model.eval()
 
 

@@ -131,6 +131,31 @@ def tiny_phi3(**overrides: object) -> ModelArchitecture:
     return tiny_llama(**values)
 
 
+def tiny_gemma2(**overrides: object) -> ModelArchitecture:
+    """A Gemma 2-like toy: four (1 + w) norms per block, GeGLU, embeddings times sqrt(hidden), the first block windowed
+    (7 positions) and the second full, attention scores and logits soft-capped, queries scaled by 1/sqrt(24) with
+    heads of 16 (Gemma 2 27B's 144 beside 128), tied embeddings."""
+    values: dict[str, object] = {
+        "norm_placement": "sandwich", "tied_embeddings": True, "rope_scaling": None, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6, "sliding_window": 7, "full_attention_interval": 2, "attn_logit_softcapping": 5.0,
+        "final_logit_softcapping": 3.0, "query_pre_attn_scalar": 24,
+    }
+    values.update(overrides)
+    return tiny_llama(**values)
+
+
+def tiny_gemma3(**overrides: object) -> ModelArchitecture:
+    """A Gemma 3-like toy: Gemma 2's block without soft caps, per-head QK-norm (1 + w), heads (24) wider than
+    hidden / heads, the windowed block rotating with its own RoPE base (10,000 beside 1,000,000), one KV head."""
+    values: dict[str, object] = {
+        "qk_norm": "head", "head_dim": 24, "num_kv_heads": 1, "attn_logit_softcapping": None,
+        "final_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_theta": 1000000.0,
+        "local_rope_theta": 10000.0,
+    }
+    values.update(overrides)
+    return tiny_gemma2(**values)
+
+
 def tiny_spec(**knob_values: Any) -> JobHyperparameters:
     """A whole job on :func:`tiny_llama`: 32-token windows, warmup 2, clipping at 1.0, a checkpoint every 3 steps.
 
