@@ -14,10 +14,11 @@ class declares it or not. The profile is written out as a Python module to commi
 trainer does not implement is refused naming every ``config.json`` field at fault in one line:
 mixture-of-experts, sliding-window attention outside Gemma (as transformers decides it: Mistral's default
 window, Qwen's ``use_sliding_window``), Gemma's windows in any pattern but every n-th block full, bidirectional
-attention, vision/audio towers, RoPE scaling other than Llama 3's and YaRN, RoPE on part of a head, activations
-other than SiLU (Gemma's: its tanh GELU), MLP biases, attention, residual or embedding dropout, blocks without RoPE in any pattern but
-every n-th, quantised checkpoints. The inverse, the ``config.json`` the trainer exports, is
-``btk_trainer.model.hf_config``; importing what it writes gives the same architecture back (tested).
+attention, vision/audio towers, RoPE scaling other than Llama 3's, YaRN and linear, RoPE on part of a head,
+activations other than SiLU (Gemma's: its tanh GELU), MLP biases, attention, residual or embedding dropout,
+blocks without RoPE in any pattern but every n-th, quantised checkpoints. The inverse, the ``config.json`` the
+trainer exports, is ``btk_trainer.model.hf_config``; importing what it writes gives the same architecture back
+(tested).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from btk.knobs import MAX_SEQ_LEN
 from btk.profile import (
     PROFILE_NAME,
     UNSUPPORTED_FEATURES,
+    LinearRopeScaling,
     ModelArchitecture,
     ModelProfile,
     RopeScaling,
@@ -191,9 +193,9 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
                                  f"transformers' {type(hf).__name__} reads it) is not supported by the trainer"))
     rope = _full_attention_rope(hf)
     kind = rope.get("rope_type", "default")
-    if kind not in ("default", "llama3", "yarn"):
+    if kind not in ("default", "llama3", "yarn", "linear"):
         problems.append(_refusal("rope_parameters", f"rope_type {printable(repr(kind))[:40]} is not supported "
-                                 "(Llama 3's scaling and YaRN only)"))
+                                 "(Llama 3's scaling, YaRN and linear only)"))
     factor = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
     if factor not in (None, 1, 1.0):
         problems.append(_refusal("partial_rotary_factor", f"{printable(repr(factor))[:40]}: rotary embeddings on "
@@ -312,6 +314,8 @@ def _rope(hf: Any) -> tuple[Any, Any]:
     kind = rope.get("rope_type", "default")
     if kind == "default":
         return theta, None
+    if kind == "linear":
+        return theta, {name: rope.get(name) for name in LinearRopeScaling.model_fields}
     if kind != "yarn":
         return theta, {name: rope.get(name) for name in RopeScaling.model_fields}
     fields = {name: rope[name] for name in YarnRopeScaling.model_fields if rope.get(name) is not None}
@@ -489,7 +493,7 @@ def _architecture_source(arch: ModelArchitecture) -> str:
         value = getattr(arch, key)
         if not fields[key].is_required() and value == fields[key].default:
             continue
-        if isinstance(value, RopeScaling | YarnRopeScaling):
+        if isinstance(value, RopeScaling | YarnRopeScaling | LinearRopeScaling):
             given = value.model_dump(exclude_defaults=True, exclude={"rope_type"})
             inner = _arguments({k: _python(v) for k, v in given.items()}, " " * 12)
             values[key] = f"{type(value).__name__}(\n{inner}        )"

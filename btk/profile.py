@@ -3,7 +3,7 @@
 A profile is a small typed definition (see ``profiles/``); the planner derives the knobs
 from it. The architecture covers the dense decoders of the Llama 3.x, Mistral / Mistral NeMo,
 Qwen2.5, Qwen3, OLMo 2, Granite 3, SmolLM3, Phi-3/4 and Gemma 2/3 families (RMSNorm, RoPE with Llama 3.1
-or YaRN scaling, GQA, SwiGLU or Gemma's GeGLU; optional QKV and output biases, a head width other than
+YaRN or linear scaling, GQA, SwiGLU or Gemma's GeGLU; optional QKV and output biases, a head width other than
 ``hidden_size / num_attention_heads``, QK-norm per head or over the whole projection, norms before, after
 or on both sides of each sublayer, tied embeddings, Gemma's sliding windows and logit soft-capping).
 Parameter counts are exact for all of them and checked against the counts published with the
@@ -197,6 +197,17 @@ class YarnRopeScaling(BaseModel):
         return magnitude(1.0)
 
 
+class LinearRopeScaling(BaseModel):
+    """Linear RoPE scaling, position interpolation (``rope_type: linear`` in Hugging Face; Chen et al., "Extending
+    Context Window of Large Language Models via Positional Interpolation", 2023): every frequency divided by
+    ``factor``. Gemma 3 4B, 12B and 27B scale their full blocks' RoPE so, by 8."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rope_type: Literal["linear"] = "linear"
+    factor: float = Field(ge=1, le=MAX_ROPE_SCALING_FACTOR, allow_inf_nan=False)
+
+
 def _rope_type(value: Any) -> str:
     """The ``rope_type`` a RoPE scaling is read as: a Llama 3 one when a mapping does not say."""
     if isinstance(value, dict):
@@ -205,11 +216,13 @@ def _rope_type(value: Any) -> str:
 
 
 AnyRopeScaling = Annotated[
-    Annotated[RopeScaling, Tag("llama3")] | Annotated[YarnRopeScaling, Tag("yarn")],
+    Annotated[RopeScaling, Tag("llama3")] | Annotated[YarnRopeScaling, Tag("yarn")]
+    | Annotated[LinearRopeScaling, Tag("linear")],
     Discriminator(_rope_type, custom_error_type="rope_type",
-                  custom_error_message="rope_type must be 'llama3' (Llama 3.1's scaling) or 'yarn'"),
+                  custom_error_message="rope_type must be 'llama3' (Llama 3.1's scaling), 'yarn' or 'linear'"),
 ]
-"""A profile's RoPE scaling: Llama 3's (:class:`RopeScaling`) or YaRN (:class:`YarnRopeScaling`), by ``rope_type``."""
+"""A profile's RoPE scaling: Llama 3's (:class:`RopeScaling`), YaRN (:class:`YarnRopeScaling`) or linear
+(:class:`LinearRopeScaling`), by ``rope_type``."""
 
 
 GEMMA_FIELDS = ("sliding_window", "full_attention_interval", "attn_logit_softcapping", "final_logit_softcapping",

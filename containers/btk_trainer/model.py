@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from btk.loss_chunks import loss_chunk_tokens
-from btk.profile import AnyRopeScaling, ModelArchitecture, YarnRopeScaling
+from btk.profile import AnyRopeScaling, LinearRopeScaling, ModelArchitecture, YarnRopeScaling
 
 
 class ParameterInit:
@@ -124,10 +124,12 @@ def block_norm(arch: ModelArchitecture, dim: int | None = None) -> RMSNorm:
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: AnyRopeScaling | None) -> torch.Tensor:
-    """RoPE inverse frequencies (fp32), with Llama 3.1's or YaRN's frequency scaling when given."""
+    """RoPE inverse frequencies (fp32), with Llama 3.1's, YaRN's or linear frequency scaling when given."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, LinearRopeScaling):
+        return inv_freq / scaling.factor
     if isinstance(scaling, YarnRopeScaling):
         return _yarn_frequencies(inv_freq, head_dim, theta, scaling)
     old_context = scaling.original_max_position_embeddings

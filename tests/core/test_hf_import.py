@@ -24,7 +24,7 @@ from btk.hf_import import (
     variable_name,
 )
 from btk.hf_proof import check_full_size, prove_import
-from btk.profile import ModelProfile
+from btk.profile import LinearRopeScaling, ModelProfile
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_configs"
 ROW = re.compile(r"^\| (\S+\.json) \| (https://huggingface\.co/\S+) \| [^|]+ \| ([^|]+) \|$", re.M)
@@ -200,9 +200,14 @@ def test_fields_that_change_the_math_are_read_as_transformers_reads_them() -> No
         architecture_from_config({**llama, "partial_rotary_factor": 0.5})
     both = {**llama, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
             "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
-    applied = _transformers(both).rope_parameters["rope_type"]
-    with pytest.raises(BtkError, match=rf"rope_type '{applied}' is not supported"):
-        architecture_from_config(both)
+    applied = _transformers(both).rope_parameters
+    expected = LinearRopeScaling(factor=applied["factor"]) if applied["rope_type"] == "linear" else None
+    assert architecture_from_config(both).rope_scaling == expected  # what transformers applies, not the other
+    dynamic = {**both, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    applied_type = _transformers(dynamic).rope_parameters["rope_type"]
+    if applied_type != "default":
+        with pytest.raises(BtkError, match=rf"rope_type '{applied_type}' is not supported"):
+            architecture_from_config(dynamic)
     with pytest.raises(BtkError, match=r"num_key_value_heads: 0"):
         architecture_from_config({**llama, "num_key_value_heads": 0})
     qwen = _without(_config("qwen2.5-7b.json"), "use_sliding_window")
@@ -307,3 +312,22 @@ def test_phi3s_dropouts_and_partial_rotary_are_refused_at_once() -> None:
         architecture_from_config(config)
     reasons = str(refused.value).removeprefix("config.json: ").split("; ")
     assert {reason.split(":", 1)[0] for reason in reasons} == {"resid_pdrop", "embd_pdrop", "partial_rotary_factor"}
+
+
+def test_gemma3_27bs_language_model_imports_with_linear_scaling_and_is_proven() -> None:
+    """Gemma 3 27B's language model (the text_config of its multimodal config.json, as TensorRT-LLM's Gemma 3 test
+    copies it, at its 62 layers and 1,024-token window: transformers' conversion script's ``gemma3_27b``) as a
+    gemma3_text config: linear RoPE scaling by 8 on the full blocks, the windowed ones at 10,000 unscaled, the
+    query scale of 168 beside heads of 128, transformers' defaults for every key it leaves out but the vocabulary
+    (this command asks for it: 262,208, the default the released text_config leaves it to)."""
+    config = {"model_type": "gemma3_text", "vocab_size": 262_208, "head_dim": 128, "hidden_size": 5376,
+              "intermediate_size": 21504,
+              "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+              "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+              "sliding_window": 1024, "sliding_window_pattern": 6, "max_position_embeddings": 131072}
+    arch = architecture_from_config(config)
+    assert arch.rope_scaling == LinearRopeScaling(factor=8.0) and arch.rope_theta == 1_000_000.0
+    assert (arch.local_rope_theta, arch.sliding_window, arch.full_attention_interval) == (10_000.0, 1024, 6)
+    assert arch.query_pre_attn_scalar == 168 and arch.rms_norm_eps == 1e-6 and arch.tied_embeddings  # defaults
+    proof = prove_import(config, arch)
+    assert proof.model_class == "Gemma3ForCausalLM" and proof.parameter_count == arch.parameter_count

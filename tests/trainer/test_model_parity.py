@@ -6,7 +6,7 @@ hidden / heads), Qwen3 (per-head QK-norm), OLMo 2 (QK-norm over the whole projec
 norms after each sublayer), Granite 3.x (embedding, attention, residual and logits multipliers),
 SmolLM3 (a block without RoPE), Phi-3/Phi-4 (fused q/k/v and gate/up in the checkpoint), Gemma 2 (sandwich
 norms scaling by 1 + w, GeGLU, scaled embeddings, a windowed and a full block, soft-capped scores and logits)
-and Gemma 3 (per-head QK-norm, the windowed block's own RoPE base).
+and Gemma 3 (per-head QK-norm, the windowed block's own RoPE base, linear RoPE scaling on its full blocks).
 Our checkpoint is exported with :func:`export_hf`, and transformers builds its model from that
 ``config.json`` alone, so the exported config is checked too. Tolerance: fp32 logits within
 atol 1e-5 / rtol 1e-5 (same math, different op order); gradients and the logits after one SGD
@@ -36,7 +36,7 @@ from trainer_fixtures import (
     tiny_smollm3,
 )
 
-from btk.profile import ModelArchitecture, RopeScaling, YarnRopeScaling
+from btk.profile import LinearRopeScaling, ModelArchitecture, RopeScaling, YarnRopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,6 +67,9 @@ FAMILIES = {
     "gemma2-every-block-windowed": tiny_gemma2(full_attention_interval=None, sliding_window=64),
     "gemma3-scaled-full-blocks": tiny_gemma3(rope_scaling=RopeScaling(
         factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)),
+    # Linear scaling (position interpolation): Gemma 3 4B-27B's full blocks, by 8; and on Llama's block.
+    "gemma3-linear-full-blocks": tiny_gemma3(rope_scaling=LinearRopeScaling(factor=8.0)),
+    "llama-linear": tiny_llama(rope_scaling=LinearRopeScaling(factor=4.0)),
 }
 HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
