@@ -178,7 +178,25 @@ def _declares(hf: Any, field: str) -> bool:
     return field in inspect.signature(type(hf).__init__).parameters
 
 
-def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
+DROPOUT_KEYS = {"attention_dropout": "attention dropout", "resid_pdrop": "residual dropout",
+                "embd_pdrop": "embedding dropout"}
+"""The dropout a config may ask for. The trainer trains without dropout: a config that asks for some is refused,
+unless the import is told to leave it out (``btk profile import --without-dropout``); the architecture, its
+parameters and its logits are the same either way (dropout acts in training only)."""
+
+
+def dropout_left_out(config: Mapping[str, Any]) -> list[str]:
+    """The dropout ``config`` asks for, as transformers' config class reads it (``key value``), which an import
+    ``without_dropout`` leaves out."""
+    model_type = config.get("model_type")
+    hf = _transformers_config(config, model_type) if isinstance(model_type, str) else None
+    if hf is None:
+        return []
+    return [f"{key} {getattr(hf, key)!r}" for key in DROPOUT_KEYS
+            if _declares(hf, key) and _present(getattr(hf, key, None))]
+
+
+def _unsupported_readings(hf: Any, model_type: str, without_dropout: bool = False) -> list[str]:
     """What the trainer does not implement, as transformers reads the config (windows, RoPE, activation)."""
     problems = []
     layer_types = getattr(hf, "layer_types", None) if _declares(hf, "layer_types") else None
@@ -210,12 +228,12 @@ def _unsupported_readings(hf: Any, model_type: str) -> list[str]:
         elif _no_rope_interval(hf) == 0:
             problems.append(_refusal("no_rope_layers", "blocks without RoPE other than every n-th block are not "
                                      "supported"))
-    for key, why in (("mlp_bias", "MLP biases are not supported"),
-                     ("attention_dropout", "attention dropout is not supported (the trainer trains without dropout)"),
-                     ("clip_qkv", "clipping q/k/v is not supported"),
-                     ("use_mrope", "multimodal rotary embeddings are not supported"),
-                     ("resid_pdrop", "residual dropout is not supported (the trainer trains without dropout)"),
-                     ("embd_pdrop", "embedding dropout is not supported (the trainer trains without dropout)")):
+    refused = {"mlp_bias": "MLP biases are not supported", "clip_qkv": "clipping q/k/v is not supported",
+               "use_mrope": "multimodal rotary embeddings are not supported"}
+    if not without_dropout:
+        refused |= {key: f"{what} is not supported (the trainer trains without dropout: --without-dropout imports "
+                    "the model to train without it)" for key, what in DROPOUT_KEYS.items()}
+    for key, why in refused.items():
         if _declares(hf, key) and _present(getattr(hf, key, None)):
             problems.append(_refusal(key, why))
     return problems
@@ -336,12 +354,12 @@ def _max_context(hf: Any, scaling: Any) -> Any:
         return hf.max_position_embeddings
 
 
-def architecture_from_config(config: Any) -> ModelArchitecture:
+def architecture_from_config(config: Any, *, without_dropout: bool = False) -> ModelArchitecture:
     """The architecture a ``config.json`` describes, read by transformers' config class for its ``model_type``.
 
     Every default (a key the file leaves out) is that class's: Qwen3's ``head_dim`` 128, Mistral's 8 key/value
     heads and 4,096-token window. Every reason the trainer cannot take the model is named at once, in one line
-    (:class:`BtkError`).
+    (:class:`BtkError`); dropout among them unless ``without_dropout`` (:data:`DROPOUT_KEYS`).
     """
     if not isinstance(config, dict):
         raise BtkError(f"config.json: expected a JSON object, got {type(config).__name__}")
@@ -355,7 +373,7 @@ def architecture_from_config(config: Any) -> ModelArchitecture:
         raise _refusals([*problems, depth])
     hf = _transformers_config(config, model_type)  # any model type transformers knows, to name every reason
     if hf is not None:
-        problems += _unsupported_readings(hf, model_type)
+        problems += _unsupported_readings(hf, model_type, without_dropout)
     if problems or hf is None:
         raise _refusals(problems)
     theta, scaling = _rope(hf)
@@ -442,14 +460,15 @@ def published_count_from_index(index: Any, config: Mapping[str, Any]) -> int:
     return total // _DTYPE_BYTES[dtype]
 
 
-def profile_from_config(config: Any, name: str, published: int | None = None) -> ModelProfile:
+def profile_from_config(config: Any, name: str, published: int | None = None, *,
+                        without_dropout: bool = False) -> ModelProfile:
     """A profile of the ``config.json``'s model: its architecture, a training intent to edit, and ``published``
     (the count the checkpoint's index gives: :func:`published_count_from_index`) as its published count, which
     the architecture must give; without one the count is unverified (``published_parameter_count`` None)."""
     if not PROFILE_NAME.fullmatch(name):
         raise BtkError(f"--name {printable(repr(name))}: a profile name is a lower-case slug of 2-63 characters "
                        "(letters, digits, '.', '-')")
-    arch = architecture_from_config(config)
+    arch = architecture_from_config(config, without_dropout=without_dropout)
     seq_len = min(DEFAULT_SEQ_LEN, arch.max_context, MAX_SEQ_LEN)
     if seq_len < 16:
         raise _refuse("max_position_embeddings", f"{arch.max_context} leaves no room to train (16 tokens at least)")
@@ -469,6 +488,11 @@ def profile_from_config(config: Any, name: str, published: int | None = None) ->
         source=f"huggingface.co/{hf_id} config.json" if hf_id else "a Hugging Face config.json",
         hf_model_id=hf_id,
     )
+
+
+def _left_out_note(left_out: list[str]) -> str:
+    return (f"Imported with --without-dropout: the config's {', '.join(left_out)} is left out; the trainer trains "
+            "without dropout (the architecture, its parameters and its logits are the same).")
 
 
 def _python(value: Any) -> str:
@@ -524,7 +548,7 @@ def variable_name(profile_name: str) -> str:
     return name if name[:1].isalpha() else f"PROFILE_{name}"
 
 
-def profile_module(profile: ModelProfile, proof: str | None = None) -> str:
+def profile_module(profile: ModelProfile, proof: str | None = None, left_out: list[str] | None = None) -> str:
     """Python source of a profiles/ module holding ``profile`` (what ``btk profile import`` prints), with the
     import's proof on transformers' model (:mod:`btk.hf_proof`) in its docstring when given."""
     variable = variable_name(profile.name)
@@ -540,6 +564,7 @@ def profile_module(profile: ModelProfile, proof: str | None = None) -> str:
         "starting point to edit. Save this module in profiles/ and list it in FAMILY_MODULES\n"
         '(profiles/__init__.py), or move the profile into a family module\'s PROFILES tuple.\n'
         f"{_wrapped(proof[:1].upper() + proof[1:] + '.') if proof else ''}"
+        f"{_wrapped(_left_out_note(left_out)) if left_out else ''}"
         '"""\n'
         "\n"
         "from __future__ import annotations\n"

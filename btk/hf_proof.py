@@ -226,9 +226,11 @@ class ImportProof:
 
 
 def prove_import(config: Mapping[str, Any], arch: ModelArchitecture) -> ImportProof:
-    """Both checks on an imported ``config`` (already read into ``arch``)."""
+    """Both checks on an imported ``config`` (already read into ``arch``; dropout, which acts in training only, is
+    no reason to refuse the copy compared in eval mode)."""
     from btk.hf_import import architecture_from_config
 
     model_class, count = check_full_size(config, arch)
     small = scaled_config(config, arch)
-    return ImportProof(model_class, count, check_scaled_logits(small, architecture_from_config(small)))
+    return ImportProof(model_class, count,
+                       check_scaled_logits(small, architecture_from_config(small, without_dropout=True)))

@@ -31,10 +31,10 @@ def register(subparsers: Any) -> None:
         help="a profile from a local Hugging Face config.json",
         description="Read a Hugging Face config.json (a local file, or the model directory holding one) and print "
         "a profile module to save in profiles/: the architecture and its parameter count from the config, a "
-        "training intent to edit. Llama 3.x, Mistral, Qwen2.5, Qwen3, OLMo 2, Granite 3.x, SmolLM3 and "
-        "Phi-3/Phi-4 dense models; anything the "
-        "trainer does not implement (mixture-of-experts, sliding-window attention, soft-capping, vision) is "
-        "refused naming the field.",
+        "training intent to edit. Llama 3.x, Mistral, Qwen2.5, Qwen3, OLMo 2, Granite 3.x, SmolLM3, "
+        "Phi-3/Phi-4 and Gemma 2/3 dense models; anything the "
+        "trainer does not implement (mixture-of-experts, sliding-window attention outside Gemma, vision, dropout "
+        "unless --without-dropout) is refused naming the field.",
     )
     importer.add_argument("config", type=non_empty_path, metavar="PATH",
                           help="config.json, or the directory holding it")
@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                           help="the profile's name: a lower-case slug, e.g. qwen3-8b")
     importer.add_argument("--output", type=non_empty_path, metavar="FILE",
                           help="write the module (or JSON) to FILE, a new file, instead of printing it")
+    importer.add_argument("--without-dropout", action="store_true",
+                          help="import a config that asks for dropout (attention_dropout, resid_pdrop, embd_pdrop) "
+                          "to train without it, as the trainer trains; the module says what was left out")
     add_format_argument(importer, (PYTHON, JSON), default=PYTHON)
     importer.set_defaults(handler=cmd_import)
 
@@ -52,7 +55,13 @@ def config_path(path: Path) -> Path:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from btk.hf_import import SAFETENSORS_INDEX, profile_from_config, profile_module, published_count_from_index
+    from btk.hf_import import (
+        SAFETENSORS_INDEX,
+        dropout_left_out,
+        profile_from_config,
+        profile_module,
+        published_count_from_index,
+    )
     from btk.hf_proof import prove_import
     from btk.jsonfile import read_json_file
 
@@ -71,8 +80,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         if index_path.is_file():
             index = read_json_file(index_path, printable(str(index_path)))
             published = published_count_from_index(index, config) if isinstance(config, dict) else None
-        profile = profile_from_config(config, args.name, published)
+        profile = profile_from_config(config, args.name, published, without_dropout=args.without_dropout)
         proof = prove_import(config, profile.architecture)
+        left_out = dropout_left_out(config) if args.without_dropout else []
     except BtkError as error:  # name the files the user gave, not a generic config.json
         message = str(error)
         for generic, given in ((CONFIG_FILE, where), (SAFETENSORS_INDEX, printable(str(index_path)))):
@@ -81,9 +91,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise BtkError(message) from None
     if args.output_format == JSON:
         extra = {"parameter_count": profile.parameter_count, "proof": proof.as_json()}
+        if left_out:
+            extra["left_out"] = left_out
         text = json.dumps(profile.model_dump(mode="json") | extra, indent=2) + "\n"
     else:
-        text = profile_module(profile, proof=proof.summary())
+        text = profile_module(profile, proof=proof.summary(), left_out=left_out)
     if target is None:
         print(text, end="")
         return 0

@@ -145,3 +145,19 @@ def test_an_import_transformers_model_disagrees_with_is_one_line_exit_2(capsys: 
     code, out, err = run(capsys, "profile", "import", str(NEMO), "--name", "mistral-nemo-12b")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and f"{NEMO}: on a 2-layer copy with the same weights" in err
+
+
+def test_without_dropout_imports_a_config_that_asks_for_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Granite 3.1 8B's attention dropout: one line naming it and the flag; with the flag, the module says so."""
+    granite = CONFIGS / "granite-3.1-8b-instruct.json"
+    code, out, err = run(capsys, "profile", "import", str(granite), "--name", "granite-3.1-8b")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "attention_dropout: attention dropout is not supported" in err and "--without-dropout" in err
+    code, out, err = run(capsys, "profile", "import", str(granite), "--name", "granite-3.1-8b", "--without-dropout")
+    assert code == 0 and err == ""
+    (profile,) = _load_module(out)["PROFILES"]
+    assert profile.parameter_count == 8_170_848_256
+    assert "attention_dropout 0.1 is left out" in " ".join(out.split())
+    code, out, _ = run(capsys, "profile", "import", str(granite), "--name", "granite-3.1-8b", "--without-dropout",
+                       "--format", "json")
+    assert code == 0 and json.loads(out)["left_out"] == ["attention_dropout 0.1"]

@@ -18,6 +18,7 @@ from btk.errors import BtkError
 from btk.hf_import import (
     FAMILIES,
     architecture_from_config,
+    dropout_left_out,
     profile_from_config,
     profile_module,
     published_count_from_index,
@@ -37,6 +38,7 @@ def _table(heading: str) -> dict[str, tuple[str, str]]:
 
 
 SUPPORTED = _table("Supported")
+WITHOUT_DROPOUT = _table("Supported with --without-dropout")
 REFUSED = _table("Refused")
 
 
@@ -49,7 +51,7 @@ def test_the_fixtures_cover_every_supported_model_type_and_three_refusals() -> N
     assert len(SUPPORTED) >= 8 and families == set(FAMILIES)
     refused = {field for _url, field in REFUSED.values()}
     assert refused >= {"num_experts", "sliding_window", "vision_config"}
-    assert sorted(path.name for path in CONFIGS.glob("*.json")) == sorted([*SUPPORTED, *REFUSED])
+    assert sorted(path.name for path in CONFIGS.glob("*.json")) == sorted([*SUPPORTED, *WITHOUT_DROPOUT, *REFUSED])
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
@@ -331,3 +333,24 @@ def test_gemma3_27bs_language_model_imports_with_linear_scaling_and_is_proven() 
     assert arch.query_pre_attn_scalar == 168 and arch.rms_norm_eps == 1e-6 and arch.tied_embeddings  # defaults
     proof = prove_import(config, arch)
     assert proof.model_class == "Gemma3ForCausalLM" and proof.parameter_count == arch.parameter_count
+
+
+@pytest.mark.parametrize("name", sorted(WITHOUT_DROPOUT))
+def test_a_config_asking_for_dropout_imports_only_without_it_and_is_proven(name: str) -> None:
+    """Granite 3.1 8B's config asks for attention dropout 0.1: refused by default, naming the key and the way out;
+    imported ``without_dropout`` to its published count, proven on transformers' model (dropout acts in training
+    only: the logits are the same), and the module says what was left out."""
+    config = _config(name)
+    published = int(WITHOUT_DROPOUT[name][1].replace(",", ""))
+    with pytest.raises(BtkError, match=r"attention_dropout: attention dropout is not supported .*--without-dropout"):
+        profile_from_config(config, "imported", published)
+    profile = profile_from_config(config, "imported", published, without_dropout=True)
+    assert profile.parameter_count == published == profile.published_parameter_count
+    left_out = dropout_left_out(config)
+    assert left_out == ["attention_dropout 0.1"]
+    proof = prove_import(config, profile.architecture)
+    text = profile_module(profile, proof.summary(), left_out)
+    assert "Imported with --without-dropout: the config's attention_dropout 0.1 is left out" in " ".join(text.split())
+    namespace: dict[str, Any] = {}
+    exec(compile(text, name, "exec"), namespace)
+    assert namespace["PROFILES"] == (profile,)
