@@ -197,6 +197,21 @@ SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "orig
     ("arch.rope_scaling", json.dumps({**SCALING, "factor": 1e-300}), "arch.rope_scaling.factor"),  # NaN at step 1
     ("arch.rope_scaling", json.dumps({**SCALING, "factor": float("inf")}), "arch.rope_scaling.factor"),
     ("arch.rope_scaling", json.dumps({**SCALING, "low_freq_factor": 4.0}), "arch.rope_scaling.high_freq_factor"),
+    # YaRN and linear scaling, read by their rope_type: a factor shrinking the context, a reversed ramp, a type
+    # the trainer does not compute.
+    ("arch.rope_scaling", json.dumps({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 64}),
+     "arch.rope_scaling.factor"),
+    ("arch.rope_scaling", json.dumps({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                      "beta_fast": 1.0, "beta_slow": 32.0}), "arch.rope_scaling.beta_fast"),
+    ("arch.rope_scaling", json.dumps({"rope_type": "linear", "factor": float("nan")}), "arch.rope_scaling.factor"),
+    ("arch.rope_scaling", json.dumps({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}),
+     "arch.rope_scaling.low_freq_factor"),
+    ("arch.rope_scaling", json.dumps({"rope_type": "dynamic", "factor": 2.0}), "arch.rope_scaling"),
+    # Gemma's fields: outside its block, or values that would break attention.
+    ("arch.sliding_window", "4096", "arch.sliding_window"),
+    ("arch.attn_logit_softcapping", "inf", "arch.attn_logit_softcapping"),
+    ("arch.final_logit_softcapping", "0", "arch.final_logit_softcapping"),
+    ("arch.query_pre_attn_scalar", "0", "arch.query_pre_attn_scalar"),
     ("train.max_grad_norm", "inf", "train.max_grad_norm"),
     ("train.max_grad_norm", "1e300", "train.max_grad_norm"),
     ("train.learning_rate", "nan", "train.learning_rate"),
