@@ -155,7 +155,8 @@ def test_exported_config_imports_to_the_same_architecture(arch: ModelArchitectur
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_real_configs_survive_an_export_round_trip(name: str) -> None:
-    arch = architecture_from_config(json.loads((CONFIGS / name).read_text()))
+    # Granite 3.1's config asks for attention dropout, which acts in training only: the architecture is read alike.
+    arch = architecture_from_config(json.loads((CONFIGS / name).read_text()), without_dropout=True)
     assert architecture_from_config(hf_config(arch)) == arch
     built = transformers.AutoConfig.for_model(**{k: v for k, v in hf_config(arch).items() if k != "architectures"})
     head_dim = getattr(built, "head_dim", None) or built.hidden_size // built.num_attention_heads
