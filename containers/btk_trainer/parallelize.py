@@ -29,6 +29,7 @@ from btk.knobs import TrainingKnobs, knob_combination_problem
 from btk.loss_chunks import loss_chunk_tokens
 from btk.profile import ModelArchitecture
 from btk_trainer.context_parallel import apply_context_parallel
+from btk_trainer.cpu_float8 import use_native_float8_matmul_on_cpu
 from btk_trainer.layout import MeshShape, mesh_shape
 from btk_trainer.model import (
     ChunkedCrossEntropy,
@@ -116,6 +117,8 @@ def apply_low_precision(model: Decoder, precision: str, *, fsdp_float8_all_gathe
 
     if precision in ("fp8_tensorwise", "fp8_rowwise"):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        use_native_float8_matmul_on_cpu()  # without a GPU: torch's emulation, not oneDNN's reference kernel
 
         swapped = sum(1 for fqn, module in model.named_modules() if swappable(module, fqn))
         config = Float8LinearConfig.from_recipe_name(precision.removeprefix("fp8_"))
