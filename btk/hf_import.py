@@ -128,7 +128,8 @@ def _unsupported_keys(config: Mapping[str, Any], model_type: Any) -> list[str]:
         if key in ("sliding_window", "layer_types"):
             continue  # present in many dense configs, switched off: transformers' config class decides
         if _present(config.get(key)):
-            problems.append(_refusal(key, f"{feature} is not supported by the trainer"))
+            hint = " (--language-model imports its language model alone)" if key == "text_config" else ""
+            problems.append(_refusal(key, f"{feature} is not supported by the trainer{hint}"))
     if _present(config.get("quantization_config")):
         problems.append(_refusal("quantization_config",
                                  "quantized checkpoints are not supported; import the bf16 model's config"))
@@ -171,6 +172,35 @@ def _transformers_config(config: Mapping[str, Any], model_type: str) -> Any:
     except Exception as error:  # transformers' validation of the user's file: whatever it raises is its refusal
         raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said(error)}")
                        ) from None
+
+
+def language_model_config(config: Any) -> dict[str, Any]:
+    """The language model's ``config.json`` inside a multimodal one (its ``text_config``), as transformers' config
+    class of the wrapper reads it: every default of the text model filled in (Gemma 3 4B-27B leave most keys to
+    them), for ``btk profile import --language-model``. The vision tower is left out."""
+    if not isinstance(config, dict):
+        raise BtkError(f"config.json: expected a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(config.get("text_config"), dict) or not isinstance(model_type, str):
+        raise _refuse("text_config", "--language-model reads the text_config of a multimodal model's config; "
+                      "this one has none (import it without --language-model)")
+    CONFIG_MAPPING = import_transformers().CONFIG_MAPPING  # noqa: N806 (transformers' own name)
+    if model_type not in CONFIG_MAPPING:
+        raise _refuse("model_type", f"{printable(repr(model_type))[:60]} is not a model type transformers knows")
+    config_class = CONFIG_MAPPING[model_type]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            given = {key: value for key, value in config.items() if key != "model_type"}
+            wrapper = config_class(**copy.deepcopy(given))
+            text = wrapper.text_config.to_dict()
+    except Exception as error:  # transformers' validation of the user's file: whatever it raises is its refusal
+        raise BtkError(printable(f"config.json: transformers' {config_class.__name__} refuses it: {said(error)}")
+                       ) from None
+    language_model = {key: value for key, value in text.items() if not key.startswith("_")}
+    if isinstance(config.get("_name_or_path"), str):
+        language_model["_name_or_path"] = config["_name_or_path"]
+    return language_model
 
 
 def _declares(hf: Any, field: str) -> bool:
@@ -490,6 +520,11 @@ def profile_from_config(config: Any, name: str, published: int | None = None, *,
     )
 
 
+LANGUAGE_MODEL_NOTE = ("Imported with --language-model: the language model of a multimodal model's config.json (its "
+                       "text_config); the vision tower is left out, and so is the checkpoint's index, which counts it. "
+                       "The trainer's job.init_from loads a text-only checkpoint of it.")
+
+
 def _left_out_note(left_out: list[str]) -> str:
     return (f"Imported with --without-dropout: the config's {', '.join(left_out)} is left out; the trainer trains "
             "without dropout (the architecture, its parameters and its logits are the same).")
@@ -548,7 +583,8 @@ def variable_name(profile_name: str) -> str:
     return name if name[:1].isalpha() else f"PROFILE_{name}"
 
 
-def profile_module(profile: ModelProfile, proof: str | None = None, left_out: list[str] | None = None) -> str:
+def profile_module(profile: ModelProfile, proof: str | None = None, left_out: list[str] | None = None,
+                   language_model: bool = False) -> str:
     """Python source of a profiles/ module holding ``profile`` (what ``btk profile import`` prints), with the
     import's proof on transformers' model (:mod:`btk.hf_proof`) in its docstring when given."""
     variable = variable_name(profile.name)
@@ -565,6 +601,7 @@ def profile_module(profile: ModelProfile, proof: str | None = None, left_out: li
         '(profiles/__init__.py), or move the profile into a family module\'s PROFILES tuple.\n'
         f"{_wrapped(proof[:1].upper() + proof[1:] + '.') if proof else ''}"
         f"{_wrapped(_left_out_note(left_out)) if left_out else ''}"
+        f"{_wrapped(LANGUAGE_MODEL_NOTE) if language_model else ''}"
         '"""\n'
         "\n"
         "from __future__ import annotations\n"

@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                           help="the profile's name: a lower-case slug, e.g. qwen3-8b")
     importer.add_argument("--output", type=non_empty_path, metavar="FILE",
                           help="write the module (or JSON) to FILE, a new file, instead of printing it")
+    importer.add_argument("--language-model", action="store_true",
+                          help="import the language model of a multimodal model's config.json (its text_config, "
+                          "e.g. Gemma 3 4B-27B), leaving the vision tower out")
     importer.add_argument("--without-dropout", action="store_true",
                           help="import a config that asks for dropout (attention_dropout, resid_pdrop, embd_pdrop) "
                           "to train without it, as the trainer trains; the module says what was left out")
@@ -58,6 +61,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from btk.hf_import import (
         SAFETENSORS_INDEX,
         dropout_left_out,
+        language_model_config,
         profile_from_config,
         profile_module,
         published_count_from_index,
@@ -77,7 +81,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         config = read_json_file(path, where)
         published = None
-        if index_path.is_file():
+        if args.language_model:  # the checkpoint's index counts the vision tower too: not read
+            config = language_model_config(config)
+        elif index_path.is_file():
             index = read_json_file(index_path, printable(str(index_path)))
             published = published_count_from_index(index, config) if isinstance(config, dict) else None
         profile = profile_from_config(config, args.name, published, without_dropout=args.without_dropout)
@@ -95,7 +101,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             extra["left_out"] = left_out
         text = json.dumps(profile.model_dump(mode="json") | extra, indent=2) + "\n"
     else:
-        text = profile_module(profile, proof=proof.summary(), left_out=left_out)
+        text = profile_module(profile, proof=proof.summary(), left_out=left_out, language_model=args.language_model)
     if target is None:
         print(text, end="")
         return 0

@@ -161,3 +161,19 @@ def test_without_dropout_imports_a_config_that_asks_for_it(capsys: pytest.Captur
     code, out, _ = run(capsys, "profile", "import", str(granite), "--name", "granite-3.1-8b", "--without-dropout",
                        "--format", "json")
     assert code == 0 and json.loads(out)["left_out"] == ["attention_dropout 0.1"]
+
+
+def test_language_model_imports_a_multimodal_configs_text_model(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    """Gemma 3 27B's multimodal config.json: refused whole naming --language-model; with it, the text model's
+    profile, the module saying the vision tower and the checkpoint's index (which counts it) are left out."""
+    shutil.copy(CONFIGS / "gemma-3-27b-it.json", tmp_path / "config.json")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 54_864_813_280}}))
+    code, out, err = run(capsys, "profile", "import", str(tmp_path), "--name", "gemma-3-27b-lm")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--language-model" in err
+    code, out, err = run(capsys, "profile", "import", str(tmp_path), "--name", "gemma-3-27b-lm", "--language-model")
+    assert code == 0 and err == ""
+    (profile,) = _load_module(out)["PROFILES"]
+    assert profile.family == "gemma" and profile.architecture.hf_model_type == "gemma3_text"
+    assert profile.published_parameter_count is None  # the index counts the vision tower: not read
+    assert "Imported with --language-model" in out and "vision tower is left out" in " ".join(out.split())

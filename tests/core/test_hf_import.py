@@ -19,6 +19,7 @@ from btk.hf_import import (
     FAMILIES,
     architecture_from_config,
     dropout_left_out,
+    language_model_config,
     profile_from_config,
     profile_module,
     published_count_from_index,
@@ -51,7 +52,9 @@ def test_the_fixtures_cover_every_supported_model_type_and_three_refusals() -> N
     assert len(SUPPORTED) >= 8 and families == set(FAMILIES)
     refused = {field for _url, field in REFUSED.values()}
     assert refused >= {"num_experts", "sliding_window", "vision_config"}
-    assert sorted(path.name for path in CONFIGS.glob("*.json")) == sorted([*SUPPORTED, *WITHOUT_DROPOUT, *REFUSED])
+    multimodal = _table("Language model of a multimodal config")
+    assert sorted(path.name for path in CONFIGS.glob("*.json")) == sorted([*SUPPORTED, *WITHOUT_DROPOUT, *multimodal,
+                                                                           *REFUSED])
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
@@ -354,3 +357,35 @@ def test_a_config_asking_for_dropout_imports_only_without_it_and_is_proven(name:
     namespace: dict[str, Any] = {}
     exec(compile(text, name, "exec"), namespace)
     assert namespace["PROFILES"] == (profile,)
+
+
+GEMMA3_27B_MULTIMODAL = _config("gemma-3-27b-it.json")
+"""Gemma 3 27B's multimodal config.json (tests/hf_configs/SOURCES.md)."""
+GEMMA3_27B_PUBLISHED = int(_table("Language model of a multimodal config")["gemma-3-27b-it.json"][1].replace(",", ""))
+"""The whole checkpoint's published count, vision tower included (SOURCES.md)."""
+
+
+def test_a_multimodal_config_imports_its_language_model_when_asked() -> None:
+    """Refused as a whole naming text_config and the way out; ``language_model_config`` reads the text model as
+    transformers' Gemma3Config does, and its count is the published checkpoint's less the vision tower and the
+    projector, as transformers builds them."""
+    with pytest.raises(BtkError, match=r"text_config: .* \(--language-model imports its language model alone\)"):
+        architecture_from_config(GEMMA3_27B_MULTIMODAL)
+    config = language_model_config(GEMMA3_27B_MULTIMODAL)
+    assert config["model_type"] == "gemma3_text"
+    profile = profile_from_config(config, "gemma-3-27b-language-model")
+    arch = profile.architecture
+    assert arch.rope_scaling == LinearRopeScaling(factor=8.0) and arch.full_attention_interval == 6
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        whole = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+            **{key: value for key, value in GEMMA3_27B_MULTIMODAL.items() if key != "model_type"}))
+    counts: dict[str, int] = {}
+    for name, parameter in whole.named_parameters():
+        part = "vision" if "vision_tower" in name or "multi_modal_projector" in name else "language"
+        counts[part] = counts.get(part, 0) + parameter.numel()
+    assert counts["language"] + counts["vision"] == GEMMA3_27B_PUBLISHED
+    assert profile.parameter_count == GEMMA3_27B_PUBLISHED - counts["vision"]
+    with pytest.raises(BtkError, match=r"^config.json: text_config: --language-model reads the text_config"):
+        language_model_config(_config("llama-3.1-8b.json"))
