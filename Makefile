@@ -18,7 +18,8 @@ export AWS_EC2_METADATA_DISABLED := true
 export SAGEMAKER_VALIDATE_ROLE := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup setup-infra synth synth-all test lint typecheck pytest deploy-rehearsal infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
+.PHONY: setup setup-infra synth synth-all test lint typecheck pytest deploy-rehearsal gpu-bench gpu-bench-readiness \
+  infra-lint cfn-lint checkov hadolint actionlint zizmor bench clean
 
 # The virtualenvs and node_modules install side by side (-j: three installs of mostly disk and unpacking);
 # `make test`'s set-up stage also prepares checkov's, which its checkov stage needs.
@@ -79,8 +80,8 @@ synth-all: setup-infra
 ## even when another failed (one whose prerequisite failed is skipped); a summary ends the run.
 ## The type check (one core) and the deploy rehearsal (the CDK CLI against an AWS emulator, docs/deploy.md)
 ## run in the background beside the tests (`&`: scripts/test_stages.sh).
-TEST_STAGES := setup 'typecheck:setup&' lint:setup 'deploy-rehearsal:setup&' pytest:setup synth-all:setup cfn-lint:synth-all \
-  checkov:synth-all hadolint:setup actionlint:setup zizmor:setup
+TEST_STAGES := setup 'typecheck:setup&' lint:setup 'deploy-rehearsal:setup&' 'gpu-bench-readiness:setup&' pytest:setup \
+  synth-all:setup cfn-lint:synth-all checkov:synth-all hadolint:setup actionlint:setup zizmor:setup
 test:
 	bash scripts/test_stages.sh "$(MAKE) STAGED=1" $(TEST_STAGES)
 
@@ -105,6 +106,20 @@ pytest: setup
 ## CDK CLI and btk against moto_server on loopback; every call a bootstrap role made checked against it.
 deploy-rehearsal: setup
 	$(VENV)/bin/pytest -q tests/deploy
+
+## gpu-bench: the GPU benchmark on a machine with an NVIDIA GPU, Python 3.12 and a package index, in one command:
+## environments built from the image's lock and torchtitan's, a pre-check of the GPU-only paths, the cases beside
+## the planner's predictions and torchtitan's figures (scripts/gpu_bench.sh, docs/performance.md). It needs
+## nothing of `make setup`.
+gpu-bench:
+	bash scripts/gpu_bench.sh
+
+## gpu-bench-readiness: the same from a fresh environment up to its first CUDA call, on any machine (CI has no
+## GPU): every pin on the index, both environments built from the locks, the pre-check's CPU side, the plan,
+## torchtitan's build of each case. Mostly downloads and unpacking: it runs beside the tests.
+gpu-bench-readiness: setup
+	rm -rf out/gpu-bench-readiness
+	OUT=out/gpu-bench-readiness bash scripts/gpu_bench.sh --until-cuda
 
 infra-lint: synth-all cfn-lint checkov hadolint actionlint zizmor
 

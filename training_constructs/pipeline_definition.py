@@ -74,6 +74,7 @@ from btk.naming import (
     pipeline_name,
 )
 from btk.profile import ModelProfile
+from btk.training_environment import TRAINING_PROCESS_ENVIRONMENT
 from training_constructs.definition_cache import cached_definition
 from training_constructs.definition_worker import build_with_worker, serve
 from training_constructs.locations import FileSystemLocation
@@ -105,20 +106,11 @@ PROCESSING_OUTPUT = "/opt/ml/processing/output"
 #: The tokenize tool of the training image (``containers/pyproject.toml``: ``btk-tokenize``).
 TOKENIZE_COMMAND = ("btk-tokenize",)
 
-#: NCCL / PyTorch settings of every training container; the instance type's network settings
-#: (libfabric/EFA) come from the hardware catalog (:func:`job_environment`).
-NCCL_ENVIRONMENT: dict[str, str] = {
-    # NCCL bootstrap/out-of-band traffic: any interface except loopback and docker bridges.
-    "NCCL_SOCKET_IFNAME": "^lo,docker",
-    # Warnings and errors only: INFO floods CloudWatch Logs at 8 GPUs per node.
-    "NCCL_DEBUG": "WARN",
-    # A failed or hung collective aborts the process group instead of hanging the job.
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    # FSDP2 frees all-gather buffers without recordStream (lower peak memory; torchtitan default).
-    "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-    # Fewer fragmentation OOMs with varying activation shapes.
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-}
+#: NCCL / PyTorch settings of every training container (:mod:`btk.training_environment`, shared with the GPU
+#: benchmark); the instance type's network settings (libfabric/EFA) come from the hardware catalog
+#: (:func:`job_environment`).
+NCCL_ENVIRONMENT: dict[str, str] = TRAINING_PROCESS_ENVIRONMENT
+
 
 def max_pending_seconds(environment: EnvironmentConfig) -> int:
     """Default of ``MaxPendingSeconds``: a job may wait for its plan's capacity as long as it may run

@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 BUDGET="${BUDGET:-540}"
 HARD_LIMIT="${HARD_LIMIT:-570}"
-WHEELS="${WHEELS:-$ROOT/.whl}"  # from fetch_wheels.sh; absent: use what is installed
+WHEELS="${WHEELS:-$ROOT/.whl}"  # from fetch_wheels.sh
 SITE="${SITE:-/tmp/btk-site}"
 read -r -a profiles <<<"${BENCH_PROFILES:-llama3.2-3b}"
 read -r -a cases <<<"${BENCH_CASES:---precision bf16 --precision fp8_tensorwise --compare}"
@@ -46,6 +46,16 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
     "$WHEELS"/*.whl || { echo "btk-bench: installing the wheels of $WHEELS failed"; exit 3; }
   export PYTHONPATH="$SITE:$ROOT/containers:$ROOT"
 else
+  # Without them the machine's own packages stand in, and say so; where they lack one the benchmark imports,
+  # it stops here naming it (on a machine with a package index, make gpu-bench builds the whole environment).
+  missing=$("$PY" -c '
+import importlib.util
+print(" ".join(name for name in ("torch", "torchao", "pydantic", "numpy") if importlib.util.find_spec(name) is None))')
+  if [ -n "$missing" ]; then
+    echo "btk-bench: no wheels in $WHEELS and $PY lacks: $missing (run containers/bench/fetch_wheels.sh and carry .whl)"
+    exit 3
+  fi
+  echo "btk-bench: no wheels in $WHEELS: using $PY's own packages (their versions: $OUT/env.txt)"
   export PYTHONPATH="$ROOT/containers:$ROOT"
 fi
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-16}"

@@ -155,6 +155,7 @@ class RunResult:
     dropped_step: int | None = None  # the optimizer step a stop cut short (its micro-batches are redone on resume)
     nonfinite_steps: int = 0  # steps skipped for a NaN/inf loss or gradient norm, resumed runs included
     phase_seconds: dict[str, float] = field(default_factory=dict)  # RunConfig.time_phases: seconds per phase
+    first_step_seconds: float | None = None  # the trainer's start to its first step's end: set-up and compilation
 
 
 def exit_code(result: RunResult) -> int:
@@ -576,6 +577,7 @@ class Trainer:
         result.saved_step = self.checkpointer.last_saved
         result.nonfinite_steps = self.state.nonfinite_steps
         result.phase_seconds = dict(self.phases.seconds)
+        result.first_step_seconds = self.first_step_seconds
         if result.interrupted:
             self.announce_stop(result)
         else:

@@ -68,6 +68,6 @@ def test_make_test_declares_every_check_as_a_stage() -> None:
     stages_text = re.search(r"^TEST_STAGES := (.*?)(?<!\\)\n", makefile, re.MULTILINE | re.DOTALL)
     assert stages_text is not None
     stages = {spec.strip("'").split(":")[0].rstrip("&") for spec in stages_text.group(1).replace("\\\n", " ").split()}
-    assert stages == {"setup", "lint", "typecheck", "deploy-rehearsal", "pytest", "synth-all", "cfn-lint", "checkov",
-                      "hadolint", "actionlint", "zizmor"}
+    assert stages == {"setup", "lint", "typecheck", "deploy-rehearsal", "gpu-bench-readiness", "pytest", "synth-all",
+                      "cfn-lint", "checkov", "hadolint", "actionlint", "zizmor"}
     assert re.search(r"^test:\n\tbash scripts/test_stages\.sh .*\$\(TEST_STAGES\)$", makefile, re.MULTILINE)

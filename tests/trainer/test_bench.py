@@ -114,6 +114,7 @@ def test_dry_run_prints_its_plan_first_labels_versions_and_survives_failures(tmp
 
     first, second = _cases(out)
     assert first["status"] == "measured" and first["measured"]["tokens_per_second_per_gpu"] > 0
+    assert 0 < first["measured"]["first_step_seconds"] < first["runs"]["throughput"]["wall_seconds"]  # measured
     assert "injected failure (--inject-failure 1:phases)" in first["measured"]["phases_error"]
     communication = first["measured"]["communication_seconds_per_step"]  # the run after the failed one ran
     assert 0 <= communication["exposed"] <= communication["total"] < 5e-3  # 1 process: all-reduces over one rank
