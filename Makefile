@@ -145,13 +145,14 @@ zizmor: setup
 	$(VENV)/bin/zizmor --offline --no-progress .github/workflows/
 
 ## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles,
-## the trainer's stop agreement per step)
+## the trainer's stop agreement per step, the stop's save)
 bench: setup node_modules/.installed
 	$(PY) benchmarks/plan_latency.py 5
 	$(PY) benchmarks/calibrate.py
 	$(PY) benchmarks/synth_time.py --runs 3
 	$(PY) benchmarks/synth_scaling.py
 	$(PY) benchmarks/stop_agreement.py
+	$(PY) benchmarks/stop_save.py
 	PYTHONPATH=containers:. $(PY) -m btk_trainer.dryrun --shipped --jobs 2
 	PYTHONPATH=containers:.:tests $(PY) benchmarks/dry_run.py
 

@@ -177,6 +177,7 @@ def render_plan(plan: Plan, plan_duration_hours: int | None = None, rehearsal: R
         lines.append(f"  at the team's measured speed (x{correction.factor:.3f}): "
                      f"{format_days(cost.on_demand_days / correction.factor)}, "
                      f"{format_usd(cost.on_demand_usd / correction.factor)} on demand")
+    lines.append(plan.stop_save.describe())
     if rehearsal is not None:
         lines.append(
             f"rehearsal first: {rehearsal.steps} steps on {rehearsal.nodes} x {plan.instance.name}, about "

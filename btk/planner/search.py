@@ -50,6 +50,7 @@ from btk.knobs import (
 from btk.planner.band import ErrorBand, band_for
 from btk.planner.cost import TrainingCost, training_cost
 from btk.planner.memory import MemoryBreakdown, estimate_memory
+from btk.planner.stop_save import StopSave
 from btk.planner.throughput import Estimate, estimate_throughput, gradient_accumulation_for
 from btk.profile import ModelProfile
 
@@ -252,6 +253,11 @@ class Plan:
         """How far predictions for this question (GPU family, size, sequence, nodes) missed published runs."""
         return band_for(self.instance, self.profile.parameter_count, self.knobs.seq_len, self.nodes)
 
+    @property
+    def stop_save(self) -> StopSave:
+        """What a stop's checkpoint writes per node, and the rate it needs to beat SageMaker's kill."""
+        return StopSave(self.profile.parameter_count, self.nodes)
+
     def training_cost(self, plan_duration_hours: int | None = None) -> TrainingCost | None:
         """What ``training.total_tokens`` costs with this plan (training plans of ``plan_duration_hours``)."""
         return cost_to_train(self.profile, self.instance, self.nodes, self.evaluation, plan_duration_hours)
@@ -281,6 +287,7 @@ class Plan:
             "alternatives": [alternative.as_json() for alternative in self.alternatives],
             "error_band": self.band.as_json(),
             "knob_ladder": [rung.as_json() for rung in self.ladder],
+            "stop_save": self.stop_save.as_json(),
         }
 
 

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from btk.capacity import CAPACITY_STOP_MARGIN_SECONDS, CAPACITY_TERMINATION_LEAD_SECONDS
+from btk.planner.stop_save import SAVE_EXIT_MARGIN_SECONDS, SIGTERM_GRACE_SECONDS
 
 CAPACITY_BLOCK_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 # The rules live in btk.capacity: the planner's reservation pricing counts the same minutes.
@@ -54,11 +55,10 @@ CAPACITY_BLOCK_TERMINATION_LEAD = float(CAPACITY_TERMINATION_LEAD_SECONDS)
 CAPACITY_BLOCK_SAFETY_MARGIN = float(CAPACITY_STOP_MARGIN_SECONDS)
 
 
-#: SageMaker's StopTrainingJob (and a spot reclaim): "sends the algorithm the SIGTERM signal, which delays job
-#: termination for 120 seconds" (SageMaker API reference, StopTrainingJob).
-SIGTERM_GRACE_SECONDS = 120.0
-#: Left of a deadline after the final save: the log lines, the process group's teardown, torchrun's exit.
-SAVE_EXIT_MARGIN_SECONDS = 10.0
+# SIGTERM_GRACE_SECONDS: SageMaker's StopTrainingJob (and a spot reclaim) "sends the algorithm the SIGTERM signal,
+# which delays job termination for 120 seconds" (SageMaker API reference, StopTrainingJob).
+# SAVE_EXIT_MARGIN_SECONDS: left of a deadline after the final save (the log lines, the process group's teardown,
+# torchrun's exit). Both live in btk.planner.stop_save, whose figure the plan prints.
 
 #: An epoch timestamp above this is in milliseconds (1e11 seconds is the year 5138).
 MILLISECONDS_ABOVE = 1e11

@@ -46,6 +46,7 @@ from btk import hardware
 from btk.errors import BtkError
 from btk.hyperparameters import JobHyperparameters
 from btk.metrics import format_knob_rung_line, format_loss_drop_line, format_metric_line, format_own_line
+from btk.planner.stop_save import StopSave
 from btk.planner.throughput import model_flops_per_token
 from btk.profile import TrainingIntent
 from btk.shards import VERIFIED_RECORD_NAME
@@ -643,9 +644,18 @@ class Trainer:
             print(f"btk: {skipped}; {f'a restart resumes from step {resumes}' if resumes else 'nothing is saved'}",
                   flush=True)
             return
-        how = ("written" if stop is not None or not self.checkpointer.asynchronous
-               else "handed to the background (staged and written while training goes on)")
-        print(f"btk: checkpoint step {self.state.step} {how} in {time.perf_counter() - started:.1f} s", flush=True)
+        seconds = time.perf_counter() - started
+        if stop is None and self.checkpointer.asynchronous:
+            print(f"btk: checkpoint step {self.state.step} handed to the background (staged and written while "
+                  f"training goes on) in {seconds:.1f} s", flush=True)
+            return
+        # The rate a stop's save needs (btk.planner.stop_save, printed with the plan), here as this save achieved
+        # it: its own write, without the wait for a background save that was still in flight.
+        written = StopSave(self.config.spec.architecture.parameter_count, self.config.nnodes)
+        own = self.checkpointer.save_seconds or seconds
+        print(f"btk: checkpoint step {self.state.step} written in {seconds:.1f} s: {written.gib_per_node:,.1f} GiB "
+              f"per node at {written.gib_per_node / max(own, 1e-9):.2f} GiB/s (a stop's save has "
+              f"{written.seconds:.0f} s)", flush=True)
 
     def train_step(self, step: int, flag: StopFlag, result: RunResult) -> tuple[
             torch.Tensor, torch.Tensor, torch.Tensor] | None:

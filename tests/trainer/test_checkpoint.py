@@ -27,6 +27,7 @@ from btk_trainer.checkpoint import (
     verify_checkpoint,
 )
 from btk_trainer.data import ResumableSampler
+from btk_trainer.model import Decoder
 from btk_trainer.train import RunConfig, main, train
 from checkpoint_faults import PHASES, TORCH_WRITE_FAILED, fill_disk
 from trainer_fixtures import one_rank_env, sigterm_after, tiny_spec
@@ -473,3 +474,22 @@ def test_a_stop_saves_when_the_deadline_leaves_time_or_nothing_was_measured(tmp_
     assert checkpointer.save_for_stop(None) is None  # nothing bounds it (already saved: written again is harmless)
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [3, 4] and checkpointer.last_saved == 4
     checkpointer.close()
+
+
+#: What torch.distributed.checkpoint's files hold beside a tensor's bytes (its own header), at most.
+FRAMING_BYTES_PER_TENSOR = 2048
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_checkpoint_is_the_twelve_bytes_a_parameter_the_plans_stop_save_counts(tmp_path: Path) -> None:
+    """fp32 weights and AdamW's two moments, as torch.distributed.checkpoint writes them: the plan's stop save
+    (btk.planner.stop_save) within DCP's own framing."""
+    from btk.planner.stop_save import CHECKPOINT_BYTES_PER_PARAMETER, StopSave
+
+    spec = tiny_spec()
+    train(RunConfig(spec=spec, max_steps=4, device="cpu", checkpoint_dir=tmp_path))
+    written = sum(path.stat().st_size for path in (tmp_path / "step_00000003").glob("*.distcp"))
+    counted = spec.architecture.parameter_count * CHECKPOINT_BYTES_PER_PARAMETER
+    tensors = 4 * len(list(Decoder(spec.architecture).parameters()))  # weights, two moments, AdamW's step
+    assert counted <= written <= counted + tensors * FRAMING_BYTES_PER_TENSOR  # the framing: < 0.01 % at 1B
+    assert StopSave(spec.architecture.parameter_count, 1).gib_per_node * 1024**3 == counted
