@@ -27,7 +27,7 @@ from btk_trainer.titan_baseline import (
     timed_figures,
     titan_argv,
 )
-from test_image_pins import lock_pins
+from test_image_pins import _lock_hashes, lock_pins
 from trainer_fixtures import tiny_gemma2, tiny_llama
 
 from btk.errors import BtkError
@@ -48,6 +48,8 @@ def test_torchtitans_environment_runs_on_the_images_torch_stack() -> None:
     stack = {name: version for name, version in image.items() if TORCH_STACK.match(name)}
     assert len(stack) > 10 and {"torch", "torchao", "triton", "nvidia-nccl-cu13"} <= set(stack)
     assert {name: titan.get(name) for name in stack} == stack
+    image_hashes, titan_hashes = _lock_hashes(IMAGE_LOCK.read_text()), _lock_hashes(TITAN_LOCK.read_text())
+    assert all(titan_hashes[name] == image_hashes[name] for name in stack)  # the same wheels, every platform
     assert titan["torchtitan"] == "0.3.0"
     entries = re.split(r"\n(?=[a-z0-9])", TITAN_LOCK.read_text().split("\n", 2)[2])
     assert all("--hash=sha256:" in entry for entry in entries if "==" in entry)
