@@ -183,6 +183,9 @@ class Run:
     kind: RunKind
     steps: int
     estimated_seconds: float
+    allowance_seconds: float = 0.0
+    """The part of the estimate that is not the steps: start-up, set-up, compilation (:class:`CostModel`'s
+    allowances), rescaled by what the throughput runs measured (:meth:`Bench.rescale_allowances`)."""
 
 
 def _instance(name: str, gpus: int | None) -> InstanceType:
@@ -373,7 +376,11 @@ class Bench:
                 kind, case.knobs, case.predicted.get("tokens_per_second_per_gpu"), steps=steps[kind],
                 # A case's later runs find its graphs in Inductor's cache, filled by its throughput run.
                 compiled=case.knobs.compile and self.on_gpu, cold=kind == "throughput", first_run=not self.runs)
-            self.runs.append(Run(case=case, kind=kind, steps=steps[kind], estimated_seconds=seconds))
+            allowance = COST_MODEL.seconds(
+                kind, case.knobs, case.predicted.get("tokens_per_second_per_gpu"), steps=0,
+                compiled=case.knobs.compile and self.on_gpu, cold=kind == "throughput", first_run=not self.runs)
+            self.runs.append(Run(case=case, kind=kind, steps=steps[kind], estimated_seconds=seconds,
+                                 allowance_seconds=allowance))
             case.runs[kind] = {"status": "pending", "estimated_seconds": round(seconds, 1)}
 
     def elapsed(self) -> float:
@@ -424,7 +431,8 @@ class Bench:
         import torch
 
         previous_knobs: TrainingKnobs | None = None
-        for run in self.runs:
+        for index in range(len(self.runs)):
+            run = self.runs[index]  # read each time: a measured run rescales the estimates of the runs after it
             case, record = run.case, run.case.runs[run.kind]
             if self.stopped:
                 record["status"] = "not run: the bench was stopped (SIGTERM or a device failure)"
@@ -457,7 +465,33 @@ class Bench:
                 error = error or f"the device failed after the run: {str(device_error).splitlines()[0]}"[:300]
             self.record_outcome(run, error)
             self.report_run(run)
+            if error is None and run.kind == "throughput":
+                self.rescale_allowances(index)
             self.flush()
+
+    def rescale_allowances(self, index: int) -> None:
+        """After throughput run ``index``: its measured start-up and compilation (the first step's seconds less
+        one timed step) over the allowance :class:`CostModel` assumed for it rescales the allowances of the runs
+        still to come, so the budget decides on measured compile times, not assumed ones."""
+        run = self.runs[index]
+        measured = run.case.measured or {}
+        first, rate = measured.get("first_step_seconds"), measured.get("tokens_per_second_per_gpu")
+        if not self.on_gpu or not first or not rate or run.allowance_seconds <= 0:
+            return  # CostModel's allowances are a GPU's (a CPU check run compiles nothing)
+        knobs = run.case.knobs
+        observed = max(first - knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len / rate,
+                       0.0)
+        factor = observed / run.allowance_seconds
+        run.case.runs[run.kind]["start_and_compile_seconds"] = round(observed, 1)
+        for later in range(index + 1, len(self.runs)):
+            pending = self.runs[later]
+            allowance = pending.allowance_seconds * factor
+            estimate = pending.estimated_seconds - pending.allowance_seconds + allowance
+            self.runs[later] = dataclasses.replace(pending, estimated_seconds=estimate, allowance_seconds=allowance)
+            pending.case.runs[pending.kind]["estimated_seconds"] = round(estimate, 1)
+        if index + 1 < len(self.runs):
+            print(f"btk-bench: case {run.case.number}: start-up and compilation took {observed:.0f} s where "
+                  f"{run.allowance_seconds:.0f} s was assumed: the later runs' allowances x{factor:.2f}", flush=True)
 
     def over_budget(self, run: Run) -> str | None:
         """Why ``run`` is skipped: its estimate would end past ``--budget-seconds``; None when it fits."""

@@ -228,6 +228,45 @@ def test_budget_skips_the_runs_whose_estimate_would_end_past_it(fixture_profiles
             assert run.case.as_json()["status"] == "skipped"
 
 
+def test_measured_compilation_rescales_the_later_runs_and_the_budget_decides_on_it(
+        fixture_profiles: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first throughput run's start-up and compilation (its first step less one timed step), measured at three
+    times CostModel's allowance, triples the allowances of the runs after it: a run that fitted the budget on the
+    assumed figures is skipped on the measured ones."""
+    from btk_trainer.bench import Bench, Run, build_bench, parse_args
+
+    argv = ["--profile", fc.LLAMA_1B.name, "--gpus", "1", "--precision", "bf16", "--precision", "fp8_tensorwise"]
+    probe = build_bench(parse_args(argv), on_gpu=True, started_at=0.0)
+    first, second = probe.runs[0], probe.runs[1]
+    assert first.kind == second.kind == "throughput" and first.allowance_seconds > 0
+    budget = first.estimated_seconds + second.estimated_seconds + 1.0  # both fit on the assumed allowances
+    bench = build_bench(parse_args([*argv, "--budget-seconds", str(budget), "--no-phases"]), on_gpu=True,
+                        started_at=0.0)
+    clock = [0.0]
+    knobs = bench.runs[0].case.knobs
+    step_seconds = 2.0
+    rate = knobs.micro_batch_size * knobs.gradient_accumulation_steps * knobs.seq_len / step_seconds
+
+    def execute(self: Bench, run: Run) -> None:
+        clock[0] += run.estimated_seconds
+        run.case.measured = {"tokens_per_second_per_gpu": rate,
+                             "first_step_seconds": 3 * run.allowance_seconds + step_seconds}
+
+    import btk_trainer.bench as bench_module
+
+    monkeypatch.setattr(Bench, "elapsed", lambda self: clock[0])
+    monkeypatch.setattr(Bench, "execute", execute)
+    monkeypatch.setattr(bench_module, "release_device_memory", lambda on_gpu: None)  # no GPU here
+    assigned = bench.runs[1].allowance_seconds
+    bench.run_all()
+    printed = capsys.readouterr().out
+    assert bench.runs[1].allowance_seconds == pytest.approx(3 * assigned)
+    assert bench.runs[0].case.runs["throughput"]["start_and_compile_seconds"] == pytest.approx(
+        3 * bench.runs[0].allowance_seconds, abs=0.1)
+    assert "the later runs' allowances x3.00" in printed
+    assert bench.runs[1].case.runs["throughput"]["status"].startswith("skipped: estimated")
+
+
 def test_each_run_frees_the_model_and_optimizer_of_the_run_before(one_rank: None, fixture_profiles: None,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """No model or optimizer of an earlier run is left (not even as garbage awaiting the cycle collector) when a
