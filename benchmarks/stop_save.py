@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainer_stalls import CHECKPOINT_ARCH, _one_rank, _spec
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "containers"), str(REPO)]
-
-from trainer_stalls import CHECKPOINT_ARCH, _one_rank, _spec  # noqa: E402 (after the path)
 
 GIB = 1024**3
 

@@ -44,6 +44,7 @@ from typing import Any
 from btk.errors import BtkError
 from btk.files import write_atomically
 from btk.profile import ModelArchitecture
+from btk_trainer.titan_configs import CASE_ENV
 
 #: torchtitan 0.3.0's Llama 3 flavors (``torchtitan/models/llama3/__init__.py`` in its wheel): the widths the
 #: trainer's architecture must have for torchtitan to train the same model.
@@ -161,7 +162,7 @@ def timed_figures(steps: list[TitanStep], warmup: int, tokens_per_step: int) -> 
 def run_environment(case: dict[str, Any], flavor: str) -> dict[str, str]:
     """This process's environment (the pipeline's variables included) plus the case and the import path."""
     containers = str(Path(__file__).resolve().parents[1])
-    return {**os.environ, "BTK_TORCHTITAN_CASE": json.dumps({"flavor": flavor, "precision": case["knobs"]["precision"],
+    return {**os.environ, CASE_ENV: json.dumps({"flavor": flavor, "precision": case["knobs"]["precision"],
                                                               "compile": case["knobs"]["compile"]}),
             "PYTHONPATH": os.pathsep.join(filter(None, [containers, os.environ.get("PYTHONPATH")])),
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}

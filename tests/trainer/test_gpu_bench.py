@@ -99,6 +99,18 @@ def test_the_benchmark_exports_what_every_training_job_runs_with() -> None:
 # The pre-check: its comparison, run on the CPU in place of the GPU (the same code below the device).
 
 
+@pytest.fixture(autouse=True)
+def math_attention_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU standing in for the GPU attends through SDPA's math kernel: torch's CPU flash kernel in bf16 fails
+    when ATEN_CPU_CAPABILITY=avx2 is forced on an AVX-512 host ("pack_vnni2 is only supported when avx512 is
+    supported"), and which CPU kernel runs is not what these tests are about."""
+    import btk_trainer.model as model
+    from torch.nn.attention import SDPBackend
+
+    monkeypatch.setattr(model, "attention_backends",
+                        lambda device_type: [SDPBackend.MATH])
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8_tensorwise", "fp8_rowwise", "mxfp8"])
 def test_each_path_passes_where_the_kernels_are_right(precision: str) -> None:
     for check in checks_for([precision]):
