@@ -6,6 +6,12 @@ import os
 import tempfile
 from pathlib import Path
 
+# Before torch loads (its OpenMP runtime reads this once): one intra-op thread per process. The tests run as many
+# processes as cores (pytest-xdist workers, the gloo ranks each test starts, the stages beside them), so more
+# threads only oversubscribe the cores and spin waiting for each other (the multi-process trainer tests: 207 CPU-s
+# with a thread per core, 183 with one, on 2 cores). A test that wants more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 
 from btk.evidence import EVIDENCE_ENV
@@ -18,6 +24,11 @@ os.environ[CACHE_ENV] = "off"
 # The team's evidence store (btk-evidence.json beside the project, where `btk report --record-evidence` writes)
 # is the user's data: no test reads it. A test that wants a store names one (--evidence, or this variable).
 os.environ[EVIDENCE_ENV] = str(Path(tempfile.gettempdir()) / f"btk-tests-{os.getpid()}-no-store" / "evidence.json")
+# Inductor compiles in the test's own process: its default pool of compile workers (one per core, each importing
+# torch) costs more CPU than it saves where the test workers already keep every core busy (the compiled
+# activation-memory and parallelize tests: 122 CPU-s with the pool, 105 without, on 2 cores). The generated code is
+# the same; subprocesses (torchrun, the workers) inherit the setting.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
