@@ -52,7 +52,6 @@ TOOL_ENVIRONMENT = {
     "AWS_REGION": "us-east-1",
     "AWS_DEFAULT_REGION": "us-east-1",
     "SAGEMAKER_VALIDATE_ROLE": "false",
-    "PYTHONDONTWRITEBYTECODE": "1",
 }
 
 
