@@ -32,10 +32,12 @@ setup:
 # Python packages install with uv (uv==0.13.9, PyPI): it resolves, downloads and unpacks on every core, where pip
 # does one package at a time (`make setup STAGED=1` on a clean clone, 2 cores: 3 min 38 s with pip, 1 min 45 s
 # with uv; the same packages at the same versions).
-# Nothing is byte-compiled at install: Python compiles a module the first time it is imported and keeps the .pyc
-# (__pycache__, which git, the image asset and the Lambda asset all ignore). The environment holds some 23,000
-# modules and a run imports a fraction of them: compiling them all took 49 of the 61 CPU-seconds of uv's
-# install and 6 of pip's 16 seconds for torch, on the set-up stage everything else waits for.
+# Nothing is byte-compiled at install: the environment holds some 23,000 modules and a run imports a fraction of
+# them (compiling them all took 49 of the 61 CPU-seconds of uv's install and 6 of pip's 16 seconds for torch, on
+# the set-up stage everything else waits for). scripts/compile_imports.py then imports what the toolkit's own
+# commands import, so Python writes those modules' bytecode once, at set-up, without the compiler's warnings about
+# third-party source; any other module is compiled on its first import and its .pyc kept (__pycache__, which
+# git, the image asset and the Lambda asset all ignore).
 # pip installs only what uv cannot take: uv itself and torch, whose CPU wheel lies on the machine's own disk
 # (pip's find-links); uv reads PyPI alone, where torch==2.13.0 for Linux is the multi-GB CUDA build. With torch
 # 2.13.0 installed, uv keeps it. uv prints a build backend's output only when the build fails, so setuptools'
@@ -50,6 +52,7 @@ $(VENV)/.installed-infra: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile "uv==$(UV_VERSION)"
 	$(UV_INSTALL) -e ".[infra]"
+	$(PY) scripts/compile_imports.py infra
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
@@ -57,6 +60,7 @@ $(VENV)/.installed: pyproject.toml
 	# torch first, pinned, so the local CPU wheel is used (an unpinned torch pulls CUDA).
 	$(PY) -m pip install --quiet --no-compile "uv==$(UV_VERSION)" "torch==2.13.0"
 	$(UV_INSTALL) -e ".[infra,trainer,plot,dev]"
+	$(PY) scripts/compile_imports.py all
 	touch $(VENV)/.installed-infra $@
 
 node_modules/.installed: package.json package-lock.json
