@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +34,7 @@ def test_the_editable_install_prints_no_setuptools_notice(tmp_path: Path) -> Non
     assert list(target.glob("lib/python*/site-packages/__editable__*blackwell_training_kit*")), "nothing installed"
 
 
+@pytest.mark.slow  # set-up's own output, whatever environments.py holds: not re-run on another user's config
 def test_the_bytecode_step_compiles_what_synth_imports_without_a_line_of_output(tmp_path: Path) -> None:
     """`make setup`'s scripts/compile_imports.py with every warning an error (the compiler's invalid-escape warning
     on the SageMaker SDK's docstrings among them): it still writes the SDK shapes' bytecode (into a fresh cache
