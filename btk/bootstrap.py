@@ -3,11 +3,14 @@
 Two commands, run in this order by ``btk bootstrap --env ENV`` (docs/deploy.md, step 1):
 
 1. ``cdk deploy BtkBoundary-<env> -c boundary=<env>``: the environment's permissions boundary, a
-   managed policy (``stacks/boundary_stack.py``), deployed with the caller's own credentials;
+   managed policy (``stacks/boundary_stack.py``), deployed with the caller's own credentials; its
+   cloud assembly is written to ``cdk.out/boundary-<env>``;
 2. ``cdk bootstrap aws://ACCOUNT/REGION`` with the environment's qualifier and toolkit stack name,
    that policy as the boundary of every bootstrap role (``--custom-permissions-boundary``,
    ``--apply-permissions-boundary-to-all-roles``) and as the CloudFormation execution role's only
-   policy (``--cloudformation-execution-policies``, in place of ``AdministratorAccess``).
+   policy (``--cloudformation-execution-policies``, in place of ``AdministratorAccess``). The CLI
+   reads a cloud assembly before it bootstraps, even for an explicit ``aws://`` environment, and runs
+   cdk.json's app to get one; ``--app cdk.out/boundary-<env>`` hands it the one step 1 just wrote.
 
 The bootstrap is the CLI's template, unchanged: its bucket, repository, version parameter
 (``/cdk-bootstrap/<qualifier>/version``) and roles under the names ``DefaultStackSynthesizer``
@@ -48,6 +51,11 @@ def boundary_stack_name(env: EnvironmentConfig) -> str:
     return f"BtkBoundary-{env.name}"
 
 
+def boundary_assembly_dir(env: EnvironmentConfig) -> str:
+    """Where ``btk bootstrap``'s boundary deploy writes its cloud assembly, for ``cdk bootstrap --app`` to read."""
+    return f"cdk.out/boundary-{env.name}"
+
+
 @dataclass(frozen=True)
 class BootstrapCommands:
     """The two commands that bootstrap ``env`` in ``account`` (argument lists, the CDK CLI's name first)."""
@@ -64,8 +72,9 @@ def bootstrap_commands(env: EnvironmentConfig, account: str, *, cdk: str = "npx 
     policy_arn = f"arn:{partition}:iam::{account}:policy/{policy}"
     cli = tuple(cdk.split())
     quiet = ("--no-notices",)
+    assembly = boundary_assembly_dir(env)
     boundary = (*cli, "deploy", boundary_stack_name(env), "-c", f"boundary={env.name}", "-c", f"account={account}",
-                *quiet, *(("--require-approval", "never") if approve else ()))
+                "-o", assembly, *quiet, *(("--require-approval", "never") if approve else ()))
     bootstrap = (
         *cli, "bootstrap", f"aws://{account}/{env.region}",
         "--qualifier", env.bootstrap_qualifier,
@@ -74,8 +83,8 @@ def bootstrap_commands(env: EnvironmentConfig, account: str, *, cdk: str = "npx 
         "--apply-permissions-boundary-to-all-roles",
         "--cloudformation-execution-policies", policy_arn,
         "--trust", account,
-        # The CLI synthesizes the app before it bootstraps: the boundary alone is quicker than TrainingStack.
-        "-c", f"boundary={env.name}", "-c", f"account={account}",
+        # The boundary's assembly, as the deploy above wrote it: the CLI would otherwise run the app again.
+        "--app", assembly,
         *quiet,
     )
     return BootstrapCommands(boundary=boundary, bootstrap=bootstrap)

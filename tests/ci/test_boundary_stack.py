@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import fixture_catalog
 import pytest
 from reserve_variant import reserve_environment, synthesize_boundary, synthesize_environment
 
 import environments
-from btk.bootstrap import bootstrap_commands
+from btk.bootstrap import bootstrap_commands, boundary_assembly_dir
 from btk.errors import BtkError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +53,10 @@ def test_the_boundary_synthesizes_as_the_cdk_cli_runs_the_app(tmp_path: Path) ->
     among them, which refuses an ARN pattern CloudFormation's schema does not accept)."""
     env = environments.ENVIRONMENTS[-1]
     command = bootstrap_commands(env, ACCOUNT, cdk=str(CDK)).boundary
-    deploy_at = command.index("deploy")
-    synth = [*command[:deploy_at], "synth", *command[deploy_at + 1:], "--quiet", "-o", str(tmp_path)]
+    deploy_at, output_at = command.index("deploy"), command.index("-o")
+    assert command[output_at + 1] == boundary_assembly_dir(env)  # where cdk bootstrap --app reads it
+    synth = [*command[:deploy_at], "synth", *command[deploy_at + 1:output_at], *command[output_at + 2:], "--quiet",
+             "-o", str(tmp_path)]
     clean = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
     result = subprocess.run(synth, cwd=REPO, capture_output=True, text=True, env={**clean, "AWS_REGION": env.region},
                             check=False)
@@ -60,6 +64,19 @@ def test_the_boundary_synthesizes_as_the_cdk_cli_runs_the_app(tmp_path: Path) ->
     template = json.loads((tmp_path / f"BtkBoundary-{env.name}.template.json").read_text())
     (policy,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
     assert policy["Properties"]["ManagedPolicyName"] == f"cdk-{env.bootstrap_qualifier}-boundary-{env.region}"
+
+
+def test_deploy_md_shows_the_commands_btk_bootstrap_runs() -> None:
+    """docs/deploy.md's step 1 shows what ``btk bootstrap --env staging --account 123456789012`` runs for an
+    environment named staging of the default qualifier and region (``--no-notices`` aside)."""
+    text = (REPO / "docs" / "deploy.md").read_text()
+    block = text[text.index("`btk bootstrap` prints and runs two commands:"):]
+    block = block[block.index("```bash\n") + len("```bash\n"):]
+    shown = [" ".join(line.split()) for line in block[:block.index("```")].replace("\\\n", " ").splitlines()
+             if line.strip()]
+    commands = bootstrap_commands(fixture_catalog.STAGING, "123456789012", cdk="npx cdk")
+    assert shown == [shlex.join(part for part in command if part != "--no-notices")
+                     for command in (commands.boundary, commands.bootstrap)]
 
 
 def test_the_bootstrap_is_customised_only_through_the_cdk_clis_own_flags() -> None:
