@@ -262,9 +262,9 @@ B200 = GpuSpec(
         "mxfp8": Fact(4500.0, NVIDIA_B200_DATASHEET, "2025-03"),
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
-    achieved_matmul_fraction=Fact(0.5353, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.5343, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.013, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.267, ATTENTION_ASSUMED_HOPPER, "2026-12"),
+    attention_efficiency=Fact(0.2672, ATTENTION_ASSUMED_HOPPER, "2026-12"),
     compute_capability=(10, 0),
 )
 
@@ -335,9 +335,9 @@ H200 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H200_DATASHEET, "2024-11"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
-    achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.6499, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.472, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.2672, CALIBRATION_FIT, "2026-12"),
     compute_capability=(9, 0),
 )
 
@@ -352,9 +352,9 @@ H100 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H100_DATASHEET, "2024-06"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
-    achieved_matmul_fraction=Fact(0.6507, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.477, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.267, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.6499, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.472, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.2672, CALIBRATION_FIT, "2026-12"),
     compute_capability=(9, 0),
 )
 
@@ -365,9 +365,9 @@ A100_80GB = GpuSpec(
     hbm_bandwidth_tbps=Fact(2.039, NVIDIA_A100_DATASHEET, "2023-06"),
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
-    achieved_matmul_fraction=Fact(0.8065, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.039, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.3733, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.8163, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.094, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.3684, CALIBRATION_FIT, "2026-12"),
     compute_capability=(8, 0),
 )
 
