@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Download the wheels the lent H200 machine lacks into <repo>/.whl (git-ignored), which the
-# benchmark's call carries there (run(..., carry=[".whl"])). Run it where PyPI is reachable:
+# Download the wheels an H200 machine without a package index lacks into <repo>/.whl (git-ignored),
+# which goes to that machine with the repository. Run it where PyPI is reachable:
 #
 #   containers/bench/fetch_wheels.sh
 #

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark in one call on a machine with one H200 (Python 3.12 and its own torch; no
-# network needed). On this project's lent H200 machine:
+# network needed), run from the repository root with the wheels in .whl/ beside it:
 #
-#   run(command="bash containers/bench/run_h200.sh", carry=[".whl"], timeout_s=600)
+#   bash containers/bench/run_h200.sh
 #
 # Prepare once where PyPI is reachable: containers/bench/fetch_wheels.sh (the wheels that
 # machine lacks -> .whl/, about 6 MB). This script installs them with
@@ -52,7 +52,7 @@ else
 import importlib.util
 print(" ".join(name for name in ("torch", "torchao", "pydantic", "numpy") if importlib.util.find_spec(name) is None))')
   if [ -n "$missing" ]; then
-    echo "btk-bench: no wheels in $WHEELS and $PY lacks: $missing (run containers/bench/fetch_wheels.sh and carry .whl)"
+    echo "btk-bench: no wheels in $WHEELS and $PY lacks: $missing (run containers/bench/fetch_wheels.sh and copy .whl beside the repository)"
     exit 3
   fi
   echo "btk-bench: no wheels in $WHEELS: using $PY's own packages (their versions: $OUT/env.txt)"
