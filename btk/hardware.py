@@ -262,7 +262,7 @@ B200 = GpuSpec(
         "mxfp8": Fact(4500.0, NVIDIA_B200_DATASHEET, "2025-03"),
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
-    achieved_matmul_fraction=Fact(0.5343, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.5313, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.013, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(0.2672, ATTENTION_ASSUMED_HOPPER, "2026-12"),
     compute_capability=(10, 0),

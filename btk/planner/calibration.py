@@ -83,7 +83,7 @@ ATTENTION_FAMILY = {"hopper": "hopper", "blackwell": "hopper", "ampere": "ampere
 """Whose attention efficiency a family uses: no published B200 run varies the sequence length."""
 ATTENTION_FAMILIES = tuple(dict.fromkeys(ATTENTION_FAMILY.values()))
 MEGATRON_ENGINE = 1.571
-B200_POWER_LIMIT = 0.6099
+B200_POWER_LIMIT = 0.613
 
 
 @dataclass(frozen=True)
