@@ -249,6 +249,12 @@ NVIDIA_A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (dense)"
 CALIBRATION_DOC = "btk calibration, docs/calibration.md"
 CALIBRATION_FIT = "benchmarks/calibrate.py fit to the published runs of docs/calibration.md (this GPU's family)"
 ATTENTION_ASSUMED_HOPPER = "assumed equal to Hopper's fit: no published B200 run varies the sequence length"
+HOPPER_FIT: dict[str, Fact] = {
+    "achieved_matmul_fraction": Fact(0.6499, CALIBRATION_FIT, "2026-12"),
+    "non_matmul_overhead": Fact(1.472, CALIBRATION_FIT, "2026-12"),
+    "attention_efficiency": Fact(0.2672, CALIBRATION_FIT, "2026-12"),
+}
+"""The Hopper family's fitted efficiency (H100 and H200 share it; B200 borrows its attention efficiency)."""
 
 B200 = GpuSpec(
     name="NVIDIA B200",
@@ -264,7 +270,7 @@ B200 = GpuSpec(
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
     achieved_matmul_fraction=Fact(0.5313, CALIBRATION_FIT, "2026-12"),
     non_matmul_overhead=Fact(1.013, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.2672, ATTENTION_ASSUMED_HOPPER, "2026-12"),
+    attention_efficiency=Fact(HOPPER_FIT["attention_efficiency"].value, ATTENTION_ASSUMED_HOPPER, "2026-12"),
     compute_capability=(10, 0),
 )
 
@@ -335,9 +341,9 @@ H200 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H200_DATASHEET, "2024-11"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-11"),
-    achieved_matmul_fraction=Fact(0.6499, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.472, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.2672, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=HOPPER_FIT["achieved_matmul_fraction"],
+    non_matmul_overhead=HOPPER_FIT["non_matmul_overhead"],
+    attention_efficiency=HOPPER_FIT["attention_efficiency"],
     compute_capability=(9, 0),
 )
 
@@ -352,9 +358,9 @@ H100 = GpuSpec(
         "fp8_rowwise": Fact(1979.0, NVIDIA_H100_DATASHEET, "2024-06"),
     },
     nvlink_gbps_per_direction=Fact(450.0, "NVLink 4: 900 GB/s bidirectional per GPU", "2024-06"),
-    achieved_matmul_fraction=Fact(0.6499, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.472, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.2672, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=HOPPER_FIT["achieved_matmul_fraction"],
+    non_matmul_overhead=HOPPER_FIT["non_matmul_overhead"],
+    attention_efficiency=HOPPER_FIT["attention_efficiency"],
     compute_capability=(9, 0),
 )
 
