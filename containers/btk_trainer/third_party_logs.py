@@ -1,7 +1,7 @@
 """Quiet the third-party log lines a trainer user cannot act on, at their source loggers.
 
 Importing torchao (the float8 and MXFP8 paths) logs two kinds of lines that say nothing a user
-of the trainer can change:
+of the trainer can change, and torch's DTensor a third under tensor parallelism:
 
 * ``torchao``: ``Failed to load .../torchao/_C_mxfp8...so`` and ``..._C_cutlass_90a...so``.
   These are torchao's CUDA kernel extensions; the MXFP8 one is built for one Python version
@@ -11,6 +11,15 @@ of the trainer can change:
 * ``torch.utils._pytree``: ``<enum 'KernelPreference'> is an Enum subclass ... Calling
   register_constant() on Enum subclasses is deprecated``. torchao's own modules make that call
   at import; nothing in our code does, so the line is dropped everywhere.
+* ``torch.distributed.tensor._redistribute``: ``While redistributing from (_NormPartial(2.0),
+  _NormPartial(2.0)) to (Replicate(), Replicate()), 2 sequential all_reduce operations will be
+  performed ... flatten mesh dimensions ["dp_shard", "tp"]``, once per run with
+  ``tensor_parallel > 1``. It is gradient clipping's global norm
+  (:func:`btk_trainer.train.clip_grad_norm`): one fp32 scalar, reduced over the data-parallel
+  and the tensor-parallel dimension in turn, every rank in the same order. The single reduction
+  the line offers needs a flattened mesh, that is one more process group (with NCCL, one more
+  communicator and its buffers on every GPU) to save one 4-byte all-reduce per step. Only
+  reductions of norms (``_NormPartial``) are dropped: the line for any other tensor passes.
 
 Only those messages are dropped: every other line of those loggers passes through.
 """
@@ -21,6 +30,7 @@ import logging
 
 _CUDA_EXTENSION_NEEDLES = ("Failed to load ", "/torchao/_C")
 _PYTREE_ENUM_NEEDLES = ("is an Enum subclass", "register_constant() on Enum subclasses is deprecated")
+_NORM_REDUCTION_NEEDLES = ("While redistributing from (", "_NormPartial(", "sequential all_reduce operations")
 
 
 class DropMessages(logging.Filter):
@@ -44,5 +54,6 @@ def _install(logger_name: str, log_filter: DropMessages) -> None:
 def quiet_third_party_logs(cuda_available: bool) -> None:
     """Install the filters (idempotent); call before the first ``import torchao``."""
     _install("torch.utils._pytree", DropMessages(_PYTREE_ENUM_NEEDLES))
+    _install("torch.distributed.tensor._redistribute", DropMessages(_NORM_REDUCTION_NEEDLES))
     if not cuda_available:
         _install("torchao", DropMessages(_CUDA_EXTENSION_NEEDLES))

@@ -1,8 +1,10 @@
-"""The trainer's imports print no third-party line a user cannot act on (torchao's CUDA extensions on a
-machine without CUDA, torch's deprecation of torchao's Enum registrations), and nothing else is hidden."""
+"""The trainer prints no third-party line a user cannot act on (torchao's CUDA extensions on a machine without
+CUDA, torch's deprecation of torchao's Enum registrations, DTensor's note on the gradient norm's two all-reduces under
+tensor parallelism), and nothing else is hidden."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -33,6 +35,40 @@ def test_the_trainer_imports_torchao_without_lines_nobody_can_act_on() -> None:
     assert "Failed to load" not in quiet and "register_constant" not in quiet, quiet
 
 
+TENSOR_PARALLEL_STEP = """
+import json, sys
+from btk_trainer import dryrun, third_party_logs
+from test_dryrun import TRACKED
+
+dropped = []
+keep = third_party_logs.DropMessages.filter
+
+def recording(self, record):
+    kept = keep(self, record)
+    if not kept:
+        dropped.append(record.getMessage())
+    return kept
+
+third_party_logs.DropMessages.filter = recording
+dryrun.run_steps(TRACKED["tp2"])
+print(json.dumps(dropped))
+"""
+
+
+def test_a_tensor_parallel_step_prints_no_note_on_the_gradient_norms_reduction() -> None:
+    """DTensor logs the line once per process, when clipping first reduces the norm over the (dp_shard, tp) mesh:
+    a fresh process steps a toy under tensor parallelism; the filter saw the line (torch does log it) and dropped
+    it, and nothing of it reached stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(path) for path in (REPO / "containers", REPO, REPO / "tests", REPO / "tests" / "trainer"))}
+    done = subprocess.run([sys.executable, "-c", TENSOR_PARALLEL_STEP], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [note] = json.loads(done.stdout.splitlines()[-1])
+    assert "_NormPartial(2.0)" in note and "sequential all_reduce operations" in note
+    assert "sequential all_reduce" not in done.stderr and "_NormPartial" not in done.stderr, done.stderr[-2000:]
+
+
 def test_only_the_named_messages_are_dropped() -> None:
     drop = DropMessages(("Failed to load ", "/torchao/_C"))
     record = logging.LogRecord("torchao", logging.WARNING, __file__, 1, "%s", ("x",), None)
@@ -43,6 +79,24 @@ def test_only_the_named_messages_are_dropped() -> None:
     ]:
         record.args = (message,)
         assert drop.filter(record) is kept, message
+
+
+def test_only_the_norms_reductions_are_dropped() -> None:
+    """Another tensor's sequential collectives (a gather of a sharded weight, say) keep their line."""
+    quiet_third_party_logs(cuda_available=False)
+    [drop] = [f for f in logging.getLogger("torch.distributed.tensor._redistribute").filters
+              if isinstance(f, DropMessages)]
+    record = logging.LogRecord("torch.distributed.tensor._redistribute", logging.WARNING, __file__, 1, "%s", ("x",),
+                               None)
+    note = "While redistributing from %s to (Replicate(), Replicate()), 2 sequential %s operations will be performed."
+    for source, collective, kept in [
+        ("(_NormPartial(2.0), _NormPartial(2.0))", "all_reduce", False),
+        ("(Replicate(), _NormPartial(2.0), _NormPartial(2.0))", "all_reduce", False),
+        ("(Partial(sum), Partial(sum))", "all_reduce", True),
+        ("(Shard(dim=0), Shard(dim=0))", "all_gather", True),
+    ]:
+        record.args = (note % (source, collective),)
+        assert drop.filter(record) is kept, source
 
 
 def test_with_cuda_the_extension_lines_are_kept() -> None:
