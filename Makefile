@@ -160,6 +160,7 @@ zizmor: setup
 bench: setup node_modules/.installed
 	$(PY) benchmarks/plan_latency.py 5
 	$(PY) benchmarks/calibrate.py
+	$(PY) benchmarks/band_methods.py
 	$(PY) benchmarks/synth_time.py --runs 3
 	$(PY) benchmarks/synth_scaling.py
 	$(PY) benchmarks/stop_agreement.py

@@ -1,0 +1,135 @@
+"""The planner's error band against a locally weighted alternative, on the same leave-source-out residuals.
+
+The planner's band (``btk.planner.band``) is a weighted conformal quantile of the residuals themselves: every
+question of one GPU family gets the family's band when the neighbour weight is 1.0, which the data chose. A
+*locally weighted* conformal band (Lei, G'Sell, Rinaldo, Tibshirani and Wasserman, "Distribution-free predictive
+inference for regression", JASA 2018, section 5.2) scales each residual by an estimate of its regime's error
+before taking the quantile: the score of a run is ``|error| / scale(its regime)``, the band of a question is the
+80 % quantile of the scores times ``scale(the question's regime)``. Where regimes differ in error, its bands
+follow them: narrow where the model is good, wide where it is not, at the same coverage.
+
+The scale of a regime is the weighted mean, median or root-mean-square of the absolute residuals of the other
+runs, weighted as the planner weighs them (:class:`btk.planner.band.Weights`). Both methods are checked the same
+way: each source is left out in turn, its runs are scored against bands (and scales) built without it, and the
+share inside is the coverage; the weights of each method are those of the grid closest to the target, overall
+plus the mean over regimes of at least five runs (the planner's own rule).
+
+Run: ``.venv/bin/python benchmarks/band_methods.py`` (about two minutes on one core). It prints, per method, the
+coverage overall, its range over the regimes of at least five runs, the median band, the median error and their
+ratio (``docs/calibration.md`` quotes it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+from btk.planner.band import (
+    NEIGHBOUR_WEIGHTS,
+    OTHER_FAMILY_WEIGHTS,
+    TARGET_COVERAGE,
+    Regime,
+    Residual,
+    Weights,
+    _stored,
+    _stored_residuals,
+    band_calibration,
+    coverage_gaps,
+    stored_weights,
+)
+
+Scale = Callable[[Sequence[tuple[float, float]]], float]
+"""A regime's error from (absolute residual, weight) pairs."""
+SCALE_FLOOR = 0.005
+"""The least scale (0.5 %): a regime whose neighbours were all predicted exactly still gets a band."""
+
+
+def _mean(pairs: Sequence[tuple[float, float]]) -> float:
+    return sum(error * weight for error, weight in pairs) / sum(weight for _, weight in pairs)
+
+
+def _rms(pairs: Sequence[tuple[float, float]]) -> float:
+    return math.sqrt(sum(error * error * weight for error, weight in pairs) / sum(weight for _, weight in pairs))
+
+
+def _median(pairs: Sequence[tuple[float, float]]) -> float:
+    half, reached = sum(weight for _, weight in pairs) / 2, 0.0
+    for error, weight in sorted(pairs):
+        reached += weight
+        if reached >= half:
+            return error
+    return max(error for error, _ in pairs)
+
+
+SCALES: dict[str, Scale] = {"mean": _mean, "median": _median, "rms": _rms}
+
+
+def regime_scale(question: Regime, runs: Sequence[Residual], weights: Weights, scale: Scale) -> float:
+    """The error of ``question``'s regime estimated from ``runs``; every run alike where the weights give none."""
+    pairs = [(abs(run.error), weights.of(question, run.regime)) for run in runs]
+    pairs = [(error, weight) for error, weight in pairs if weight > 0] or [(abs(run.error), 1.0) for run in runs]
+    return max(scale(pairs), SCALE_FLOOR)
+
+
+def _quantile(scores: Sequence[float], target: float) -> float:
+    """The split-conformal quantile: the ceil((n + 1) x target)-th smallest of n scores."""
+    ordered, rank = sorted(scores), math.ceil((len(scores) + 1) * target)
+    return ordered[rank - 1] if rank <= len(ordered) else math.inf
+
+
+def locally_weighted_calibration(residuals: Sequence[Residual], weights: Weights, scale: Scale,
+                                 target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
+    """Each run against the locally weighted band of its regime, built without its source."""
+    checked: list[tuple[Residual, float | None]] = []
+    for run in residuals:
+        others = [r for r in residuals if r.source != run.source]
+        scores = [abs(r.error) / regime_scale(r.regime, [o for o in others if o.source != r.source], weights, scale)
+                  for r in others]
+        checked.append((run, _quantile(scores, target) * regime_scale(run.regime, others, weights, scale)))
+    return checked
+
+
+def summary(checked: Sequence[tuple[Residual, float | None]]) -> tuple[float, float, float, float, float]:
+    """(coverage, lowest and highest regime coverage, median band, median error) of ``checked``."""
+    overall, regimes = coverage_gaps(checked)
+    bands = [math.inf if band is None else band for _, band in checked]
+    return (overall, min(regimes.values()), max(regimes.values()), statistics.median(bands),
+            statistics.median(abs(run.error) for run, _ in checked))
+
+
+def gap(checked: Sequence[tuple[Residual, float | None]]) -> float:
+    overall, regimes = coverage_gaps(checked)
+    return abs(overall - TARGET_COVERAGE) + statistics.mean(abs(c - TARGET_COVERAGE) for c in regimes.values())
+
+
+def named(weights: Weights) -> str:
+    return f"neighbour {weights.neighbour}, other family {weights.other_family}"
+
+
+def row(name: str, checked: Sequence[tuple[Residual, float | None]]) -> str:
+    overall, low, high, band, error = summary(checked)
+    return (f"| {name} | {overall:.0%} | {low:.0%}-{high:.0%} | ±{band:.1%} | {error:.1%} | {band / error:.2f} |")
+
+
+def main() -> None:
+    residuals = list(_stored_residuals())
+    print(f"{len(residuals)} leave-source-out residuals; target coverage {TARGET_COVERAGE:.0%}; per method the "
+          "weights of the grid closest to the target (overall plus mean regime gap)")
+    print("| method | coverage | regimes of 5+ runs | median band | median error | band / error |")
+    print("|---|---|---|---|---|---|")
+    print(row(f"the planner's: weighted conformal quantile of the residuals ({named(stored_weights(_stored()))})",
+              band_calibration(residuals, stored_weights(_stored()))))
+    grid = [Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMILY_WEIGHTS]
+    for name, scale in SCALES.items():
+        runs = {weights: locally_weighted_calibration(residuals, weights, scale) for weights in grid}
+        best = min(grid, key=lambda weights: (round(gap(runs[weights]), 9), summary(runs[weights])[3]))
+        narrowest = min(grid, key=lambda weights: summary(runs[weights])[3] / summary(runs[weights])[4])
+        print(row(f"locally weighted, {name} error of the regime ({named(best)})", runs[best]))
+        if narrowest != best:
+            print(row(f"locally weighted, {name} error of the regime, least ratio ({named(narrowest)})",
+                      runs[narrowest]))
+
+
+if __name__ == "__main__":
+    main()
