@@ -13,7 +13,7 @@ of the trainer can change, and torch's DTensor a third under tensor parallelism:
   at import; nothing in our code does, so the line is dropped everywhere.
 * ``torch.distributed.tensor._redistribute``: ``While redistributing from (_NormPartial(2.0),
   _NormPartial(2.0)) to (Replicate(), Replicate()), 2 sequential all_reduce operations will be
-  performed ... flatten mesh dimensions ["dp_shard", "tp"]``, once per run with
+  performed ... flatten mesh dimensions ["dp_shard", "tp"]``, once per process with
   ``tensor_parallel > 1``. It is gradient clipping's global norm
   (:func:`btk_trainer.train.clip_grad_norm`): one fp32 scalar, reduced over the data-parallel
   and the tensor-parallel dimension in turn, every rank in the same order. The single reduction
