@@ -9,7 +9,6 @@ ones and still holds the target share of the runs it never saw.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -24,7 +23,6 @@ def band_methods() -> ModuleType:
     spec = importlib.util.spec_from_file_location("band_methods", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("band_methods", module)
     spec.loader.exec_module(module)
     return module
 
