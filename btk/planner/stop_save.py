@@ -46,8 +46,15 @@ class StopSave:
         return self.gib_per_node / self.seconds
 
     def largest_parameters(self, gib_per_second_per_node: float) -> int:
-        """The most parameters whose stop save fits at that rate on these nodes."""
-        return int(gib_per_second_per_node * self.seconds * self.nodes * GIB // CHECKPOINT_BYTES_PER_PARAMETER)
+        """The most parameters whose stop save fits at that rate on these nodes.
+
+        The closed form can land one parameter past the rate where the floating-point division back to GiB/s
+        rounds up; it steps down until the rate it reports is the one it was given or less.
+        """
+        largest = int(gib_per_second_per_node * self.seconds * self.nodes * GIB // CHECKPOINT_BYTES_PER_PARAMETER)
+        while largest > 0 and StopSave(largest, self.nodes).needed_gib_per_second_per_node > gib_per_second_per_node:
+            largest -= 1
+        return largest
 
     def describe(self) -> str:
         return (f"stop save: {self.gib_per_node:,.1f} GiB per node (fp32 weights and AdamW moments) in the "
