@@ -155,12 +155,13 @@ actionlint: setup
 zizmor: setup
 	$(VENV)/bin/zizmor --offline --no-progress .github/workflows/
 
-## bench: the CPU benchmarks (planner latency, calibration fit, synth time and its scaling with profiles,
-## the trainer's stop agreement per step, the stop's save)
+## bench: the CPU benchmarks (planner latency, calibration fit, the eager block's bytes, synth time and its scaling
+## with profiles, the trainer's stop agreement per step, the stop's save)
 bench: setup node_modules/.installed
 	$(PY) benchmarks/plan_latency.py 5
 	$(PY) benchmarks/calibrate.py
 	$(PY) benchmarks/band_methods.py
+	PYTHONPATH=containers:. $(PY) benchmarks/eager_bytes.py
 	$(PY) benchmarks/synth_time.py --runs 3
 	$(PY) benchmarks/synth_scaling.py
 	$(PY) benchmarks/stop_agreement.py

@@ -8,23 +8,18 @@ ones and still holds the target share of the runs it never saw.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
+
+from script_module import load_script
 
 from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "band_methods.py"
 SMALL = Regime("hopper", "under 5B", "seq up to 8k", "1 node")
 LARGE = Regime("hopper", "20B and over", "seq up to 8k", "1 node")
 
 
 def band_methods() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("band_methods", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/band_methods.py")
 
 
 def residuals() -> list[Residual]:
