@@ -32,10 +32,10 @@ from btk.planner.band import (
     Regime,
     Residual,
     Weights,
-    _stored,
-    _stored_residuals,
     band_calibration,
     coverage_gaps,
+    stored_residuals,
+    stored_summary,
     stored_weights,
 )
 
@@ -113,13 +113,14 @@ def row(name: str, checked: Sequence[tuple[Residual, float | None]]) -> str:
 
 
 def main() -> None:
-    residuals = list(_stored_residuals())
+    residuals = list(stored_residuals())
     print(f"{len(residuals)} leave-source-out residuals; target coverage {TARGET_COVERAGE:.0%}; per method the "
           "weights of the grid closest to the target (overall plus mean regime gap)")
     print("| method | coverage | regimes of 5+ runs | median band | median error | band / error |")
     print("|---|---|---|---|---|---|")
-    print(row(f"the planner's: weighted conformal quantile of the residuals ({named(stored_weights(_stored()))})",
-              band_calibration(residuals, stored_weights(_stored()))))
+    planners = stored_weights(stored_summary())
+    print(row(f"the planner's: weighted conformal quantile of the residuals ({named(planners)})",
+              band_calibration(residuals, planners)))
     grid = [Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMILY_WEIGHTS]
     for name, scale in SCALES.items():
         runs = {weights: locally_weighted_calibration(residuals, weights, scale) for weights in grid}

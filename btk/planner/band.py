@@ -376,14 +376,16 @@ class ErrorBand:
 
 
 @cache
-def _stored() -> dict[str, Any]:
+def stored_summary() -> dict[str, Any]:
+    """What ``calibration_band.json`` holds (:func:`band_summary` wrote it)."""
     data: dict[str, Any] = json.loads(BAND_FILE.read_text())
     return data
 
 
 @cache
-def _stored_residuals() -> tuple[Residual, ...]:
-    return tuple(Residual.from_json(entry) for entry in _stored()["residuals"])
+def stored_residuals() -> tuple[Residual, ...]:
+    """The stored leave-source-out residual of every published run."""
+    return tuple(Residual.from_json(entry) for entry in stored_summary()["residuals"])
 
 
 def _beyond(name: str, value: float, bounds: Sequence[float], show: Callable[[float], str]) -> str | None:
@@ -399,7 +401,7 @@ def _beyond(name: str, value: float, bounds: Sequence[float], show: Callable[[fl
 def outside_evidence(family: str, parameters: float, seq_len: int, nodes: int,
                      stored: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """Each way the question lies outside the published runs, with how far (empty when inside)."""
-    envelope = (stored or _stored())["envelope"]
+    envelope = (stored or stored_summary())["envelope"]
     ways = [
         None if family in envelope["families"] else f"no published run on {family} GPUs is fitted",
         _beyond("model size", parameters, envelope["parameters"], lambda value: f"{value / 1e9:.2f}B"),
@@ -412,14 +414,14 @@ def outside_evidence(family: str, parameters: float, seq_len: int, nodes: int,
 def band_for_question(family: str, parameters: float, seq_len: int, nodes: int,
                       stored: Mapping[str, Any] | None = None) -> ErrorBand:
     """The band of a question from the stored residuals and neighbour weight (:func:`band_summary`)."""
-    data = stored or _stored()
+    data = stored or stored_summary()
     memory = data["memory"].get(family, {})
     memory_band, memory_points = memory.get("memory"), memory.get("points", 0)
     outside = outside_evidence(family, parameters, seq_len, nodes, data)
     if outside:
         return ErrorBand(family, None, None, memory_band, 0, memory_points, (), outside)
     regime = regime_of(family, parameters, seq_len, nodes)
-    residuals = _stored_residuals() if stored is None else tuple(Residual.from_json(r) for r in data["residuals"])
+    residuals = stored_residuals() if stored is None else tuple(Residual.from_json(r) for r in data["residuals"])
     weights = stored_weights(data)
     band = conformal_band(regime, residuals, weights, data["target_coverage"])
     if band.half_width is None:

@@ -205,3 +205,16 @@ def test_the_launchers_import_one_way() -> None:
 
     assert "entrypoint" not in set().union(*(imported(path.stem) for path in package.glob("*.py")))
     assert imported("launch") <= {"cuda_compat"} and "entrypoint" not in imported("preflight")
+
+
+@pytest.mark.parametrize(("job_value", "expected"), [(None, "8"), ("24", "24")])
+def test_training_processes_get_eight_cpu_threads_unless_the_job_sets_them(
+        data_dir: Path, job_value: str | None, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun alone would give each process one thread (it sets OMP_NUM_THREADS=1 where unset); the job's own
+    value stands. Gloo's bootstrap uses the job's interface, as NCCL's does."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the suite's own setting (tests/conftest.py)
+    env = ENV if job_value is None else {**ENV, "OMP_NUM_THREADS": job_value}
+    plan = build_launch(FIXTURES / "one_node", env, data_dir=data_dir)
+    assert plan.env["OMP_NUM_THREADS"] == expected
+    assert plan.env["GLOO_SOCKET_IFNAME"] == plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert plan.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
