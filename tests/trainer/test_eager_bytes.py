@@ -48,7 +48,7 @@ def test_the_documented_counts_are_what_the_script_prints() -> None:
     ratios = [eager / compiled for eager, compiled in counted.values()]
     assert f"Over all {len(ratios)} models the ratio is {min(ratios):.2f}x to {max(ratios):.2f}x." in text
     parts = module.component_bytes_per_element()
-    documented = re.search(r"a norm moves (\d+) bytes per element.*?RoPE (\d+) per\nelement.*?SwiGLU (\d+) per", text,
-                           re.DOTALL)
+    documented = re.search(r"a norm moves (\d+) bytes per\s+element.*?RoPE (\d+) per\s+element.*?SwiGLU (\d+) per",
+                           text, re.DOTALL)
     assert documented is not None
     assert documented.groups() == tuple(f"{parts[name]:.0f}" for name in ("norm", "rope", "swiglu"))
