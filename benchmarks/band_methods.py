@@ -8,13 +8,17 @@ before taking the quantile: the score of a run is ``|error| / scale(its regime)`
 80 % quantile of the scores times ``scale(the question's regime)``. Where regimes differ in error, its bands
 follow them: narrow where the model is good, wide where it is not, at the same coverage.
 
-The scale of a regime is the weighted mean, median or root-mean-square of the absolute residuals of the other
-runs, weighted as the planner weighs them (:class:`btk.planner.band.Weights`). Both methods are checked the same
-way: each source is left out in turn, its runs are scored against bands (and scales) built without it, and the
-share inside is the coverage; the weights of each method are those of the grid closest to the target, overall
-plus the mean over regimes of at least five runs (the planner's own rule).
+The scale of a regime is the weighted mean, median or root-mean-square of the absolute residuals of the other runs,
+weighted as the planner weighs them (:class:`btk.planner.band.Weights`), or a regression on the regime's own
+description: the logarithm of the absolute residual fitted by ridge least squares on the GPU family, the size bin, a
+long sequence and several nodes (:func:`covariate_scale`; the ridge shrinks every term but the intercept, so a
+regime with few runs stays near one pooled scale), which lets a regime borrow what a dimension does to the error
+from every family that has runs on both sides of it. All are checked the same way: each source is left out in turn,
+its runs are scored against bands (and scales) built without it, and the share inside is the coverage; the weights
+of each weighted method are those of the grid closest to the target, overall plus the mean over regimes of at least
+five runs (the planner's own rule).
 
-Run: ``.venv/bin/python benchmarks/band_methods.py`` (about two minutes on one core). It prints, per method, the
+Run: ``.venv/bin/python benchmarks/band_methods.py`` (about three minutes on one core). It prints, per method, the
 coverage overall, its range over the regimes of at least five runs, the median band, the median error and their
 ratio (``docs/calibration.md`` quotes it).
 """
@@ -25,9 +29,14 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from btk.planner.band import (
     NEIGHBOUR_WEIGHTS,
+    NODE_BINS,
     OTHER_FAMILY_WEIGHTS,
+    SEQUENCE_BINS,
+    SIZE_BINS,
     TARGET_COVERAGE,
     Regime,
     Residual,
@@ -90,6 +99,50 @@ def locally_weighted_calibration(residuals: Sequence[Residual], weights: Weights
     return checked
 
 
+COVARIATE_RIDGE = 1.0
+"""The ridge penalty on the covariate scale's terms (the intercept is not shrunk)."""
+
+
+def _covariates(regime: Regime, families: Sequence[str]) -> list[float]:
+    """An intercept, then one indicator per family but the first, per size bin but the middle one, for a sequence
+    over 8k and for several nodes."""
+    return [1.0, *(float(regime.family == family) for family in families[1:]),
+            *(float(regime.size == label) for _, label in (SIZE_BINS[0], SIZE_BINS[2])),
+            float(regime.sequence == SEQUENCE_BINS[1][1]), float(regime.nodes == NODE_BINS[1][1])]
+
+
+def covariate_scale(runs: Sequence[Residual], ridge: float = COVARIATE_RIDGE) -> Callable[[Regime], float]:
+    """The error of any regime as a log-linear function of its description, fitted on ``runs`` (see the module
+    docstring); never below :data:`SCALE_FLOOR`."""
+    families = sorted({run.regime.family for run in runs})
+    design = np.array([_covariates(run.regime, families) for run in runs])
+    target = np.log(np.maximum(np.abs([run.error for run in runs]), SCALE_FLOOR))
+    penalty = ridge * np.diag([0.0] + [1.0] * (design.shape[1] - 1))
+    coefficients = np.linalg.solve(design.T @ design + penalty, design.T @ target)
+
+    def scale(regime: Regime) -> float:
+        known = regime.family in families
+        covariates = _covariates(regime, families) if known else [1.0, *[0.0] * (design.shape[1] - 1)]
+        return max(math.exp(float(np.dot(covariates, coefficients))), SCALE_FLOOR)
+
+    return scale
+
+
+def covariate_calibration(residuals: Sequence[Residual], target: float = TARGET_COVERAGE,
+                          ridge: float = COVARIATE_RIDGE) -> list[tuple[Residual, float | None]]:
+    """Each run against the band of its regime with the covariate scale, both the scale and every score built
+    without its source (and each score's scale without the scored run's source as well)."""
+    sources = sorted({run.source for run in residuals})
+    scales = {frozenset((a, b)): covariate_scale([r for r in residuals if r.source not in (a, b)], ridge)
+              for a in sources for b in sources}
+    checked: list[tuple[Residual, float | None]] = []
+    for run in residuals:
+        others = [r for r in residuals if r.source != run.source]
+        scores = [abs(r.error) / scales[frozenset((run.source, r.source))](r.regime) for r in others]
+        checked.append((run, _quantile(scores, target) * scales[frozenset((run.source,))](run.regime)))
+    return checked
+
+
 def summary(checked: Sequence[tuple[Residual, float | None]]) -> tuple[float, float, float, float, float]:
     """(coverage, lowest and highest regime coverage, median band, median error) of ``checked``."""
     overall, regimes = coverage_gaps(checked)
@@ -130,6 +183,8 @@ def main() -> None:
         if narrowest != best:
             print(row(f"locally weighted, {name} error of the regime, least ratio ({named(narrowest)})",
                       runs[narrowest]))
+    print(row(f"locally weighted, the error of the regime regressed on its description (ridge {COVARIATE_RIDGE:g})",
+              covariate_calibration(residuals)))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import pytest
 from script_module import load_script
 
 from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps
@@ -52,3 +53,26 @@ def test_a_scale_never_falls_below_its_floor() -> None:
     exact = [Residual(f"r{i}", f"s{i}", SMALL, 0.0) for i in range(6)]
     for scale in module.SCALES.values():
         assert module.regime_scale(SMALL, exact, Weights(0.5, 0.0), scale) == module.SCALE_FLOOR
+
+
+def test_the_covariate_scale_follows_each_regimes_error_and_holds_the_target() -> None:
+    """Regressed on the regime's description, the scale of the small models is below the large ones'; their bands,
+    every score and scale built without the run's source, are narrower and hold the target share."""
+    module = band_methods()
+    runs = residuals()
+    scale = module.covariate_scale(runs)
+    assert scale(SMALL) < 0.05 < scale(LARGE)
+    checked = module.covariate_calibration(runs)
+    bands = {run.id: band for run, band in checked}
+    assert max(bands[run.id] for run in runs if run.regime == SMALL) < min(
+        bands[run.id] for run in runs if run.regime == LARGE)
+    overall, _ = coverage_gaps(checked)
+    assert overall >= 0.8
+
+
+def test_a_covariate_scale_never_falls_below_its_floor() -> None:
+    module = band_methods()
+    exact = [Residual(f"r{i}", f"s{i}", regime, 0.0) for i in range(6) for regime in (SMALL, LARGE)]
+    scale = module.covariate_scale(exact)
+    for regime in (SMALL, LARGE):
+        assert module.SCALE_FLOOR <= scale(regime) == pytest.approx(module.SCALE_FLOOR)
