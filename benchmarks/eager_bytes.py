@@ -1,7 +1,7 @@
 """What ``torch.compile`` saves of the non-matmul work, counted op by op on the trainer's eager block.
 
 The planner counts the non-matmul HBM bytes of a compiled block (``btk.planner.throughput``:
-``elementwise_bytes_per_token``, every norm, RoPE, SwiGLU and residual add fused into one read and one
+``block_elementwise_bytes_per_token``, every norm, RoPE, SwiGLU and residual add fused into one read and one
 write per element and pass) and multiplies their time by ``eager_overhead_factor`` without compile. This
 script counts what the trainer's eager block (``btk_trainer.model.DecoderLayer``) actually reads and writes:
 every ATen op of one forward and backward that is neither a matmul nor attention, its inputs' and outputs'
@@ -19,15 +19,15 @@ import contextlib
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812 (PyTorch's own spelling)
 from btk_trainer.model import DecoderLayer, RMSNorm, apply_rope, rope_tables
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn import functional
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from btk.knobs import TrainingKnobs
 from btk.planner.calibration import load_points
-from btk.planner.throughput import FITTED_CONSTANTS, LOSS_BYTES_PER_VOCAB, elementwise_bytes_per_token
+from btk.planner.throughput import FITTED_CONSTANTS, block_elementwise_bytes_per_token
 from btk.profile import ModelArchitecture
 
 TOKENS = 256
@@ -47,7 +47,7 @@ class ElementwiseBytes(TorchDispatchMode):
     """Sums the bytes each non-matmul op reads and writes (its tensor arguments and results)."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init__ is unannotated
         self.bytes = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -77,10 +77,9 @@ def eager_bytes_per_token_and_layer(arch: ModelArchitecture, *, fake: bool = Tru
 
 
 def compiled_bytes_per_token_and_layer(arch: ModelArchitecture) -> float:
-    """The planner's count for one compiled block's forward and backward (no recompute, the loss left out)."""
-    knobs = TrainingKnobs(micro_batch_size=1, seq_len=TOKENS, activation_checkpointing="none", fused_loss=True)
-    loss = LOSS_BYTES_PER_VOCAB[True] * arch.vocab_size
-    return (elementwise_bytes_per_token(arch, knobs) - loss) / arch.num_layers
+    """The planner's count for one compiled block's forward and backward (no recompute)."""
+    knobs = TrainingKnobs(micro_batch_size=1, seq_len=TOKENS, activation_checkpointing="none")
+    return block_elementwise_bytes_per_token(arch, knobs)
 
 
 def component_bytes_per_element(width: int = 1024) -> dict[str, float]:
@@ -91,7 +90,7 @@ def component_bytes_per_element(width: int = 1024) -> dict[str, float]:
     parts: dict[str, Any] = {
         "norm": (RMSNorm(width, 1e-5).to(torch.bfloat16), 1),
         "rope": (lambda x: apply_rope(x.view(1, TOKENS, heads, head_dim).transpose(1, 2), cos, sin), 1),
-        "swiglu": (lambda gate, up: F.silu(gate) * up, 2),
+        "swiglu": (lambda gate, up: functional.silu(gate) * up, 2),
     }
     counts = {}
     for name, (part, inputs) in parts.items():

@@ -210,13 +210,19 @@ def attention_flops_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> 
     return 6.0 * arch.attention_width * arch.attention_span(knobs.seq_len) + recompute
 
 
-def elementwise_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
-    """HBM bytes of the non-matmul work per token (whole model, one TP rank's share before dividing by TP)."""
+def block_elementwise_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """HBM bytes of one compiled block's non-matmul work per token: forward, backward and any recompute."""
     h, a, kv, f = arch.hidden_size, arch.attention_width, arch.kv_dim, arch.ffn_hidden_size
     norms = 2 * h * (arch.norms_per_block - 2)  # Gemma's two more norms, each reading and writing the stream
     per_pass = 2.0 * (10 * h + norms + 2 * a + 2 * kv + 3 * f)  # bf16 elements read or written per layer
     passes = ELEMENTWISE_PASSES + (0.0 if knobs.activation_checkpointing == "none" else 1.0)
-    return arch.num_layers * per_pass * passes + LOSS_BYTES_PER_VOCAB[knobs.fused_loss] * arch.vocab_size
+    return per_pass * passes
+
+
+def elementwise_bytes_per_token(arch: ModelArchitecture, knobs: TrainingKnobs) -> float:
+    """HBM bytes of the non-matmul work per token (whole model, one TP rank's share before dividing by TP)."""
+    return (arch.num_layers * block_elementwise_bytes_per_token(arch, knobs)
+            + LOSS_BYTES_PER_VOCAB[knobs.fused_loss] * arch.vocab_size)
 
 
 def compute_seconds_per_token(

@@ -8,11 +8,14 @@ the bytes of each part of the block are what the script prints.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 from script_module import ROOT, load_script
 from trainer_fixtures import tiny_llama, tiny_olmo2, tiny_qwen3
+
+from btk.profile import ModelArchitecture
 
 DOC = ROOT / "docs" / "calibration.md"
 
@@ -22,9 +25,9 @@ def eager_bytes() -> ModuleType:
 
 
 @pytest.mark.parametrize("layout", [tiny_llama, tiny_qwen3, tiny_olmo2], ids=["llama", "qwen3", "olmo2"])
-def test_fake_tensors_count_the_bytes_real_tensors_move(layout: object) -> None:
+def test_fake_tensors_count_the_bytes_real_tensors_move(layout: Callable[..., ModelArchitecture]) -> None:
     module = eager_bytes()
-    arch = layout(hidden_size=128, ffn_hidden_size=320)  # type: ignore[operator]
+    arch = layout(hidden_size=128, ffn_hidden_size=320)
     fake, real = (module.eager_bytes_per_token_and_layer(arch, fake=fake) for fake in (True, False))
     assert fake == real > module.compiled_bytes_per_token_and_layer(arch)
 
