@@ -20,7 +20,10 @@ five runs (the planner's own rule).
 
 Run: ``.venv/bin/python benchmarks/band_methods.py`` (about three minutes on one core). It prints, per method, the
 coverage overall, its range over the regimes of at least five runs, the median band, the median error and their
-ratio (``docs/calibration.md`` quotes it).
+ratio (``docs/calibration.md`` quotes it). Then two bounds on what any band can show on these runs: the ratio of the
+narrowest band of one width for every run that holds the target share of them, set after the fact
+(:func:`one_width_ratio`), and the chance that a band which holds exactly the target share of runs like each
+question lands within five points of it in every regime of at least five runs (:func:`chance_every_regime_within`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from btk.planner.band import (
     NEIGHBOUR_WEIGHTS,
     NODE_BINS,
     OTHER_FAMILY_WEIGHTS,
+    REPORTED_REGIME_RUNS,
     SEQUENCE_BINS,
     SIZE_BINS,
     TARGET_COVERAGE,
@@ -165,6 +169,40 @@ def row(name: str, checked: Sequence[tuple[Residual, float | None]]) -> str:
     return (f"| {name} | {overall:.0%} | {low:.0%}-{high:.0%} | ±{band:.1%} | {error:.1%} | {band / error:.2f} |")
 
 
+COVERAGE_TOLERANCE = 0.05
+"""How far from the target a regime's coverage may lie and still count as on target (five points)."""
+
+
+def one_width_ratio(residuals: Sequence[Residual], target: float = TARGET_COVERAGE) -> float:
+    """The narrowest band of one width for every run that holds ``target`` of ``residuals`` (the
+    ceil(target x n)-th smallest absolute error, chosen with every error known), over the median absolute error.
+
+    A band whose width does not vary from run to run cannot have a lower ratio at that coverage of these runs.
+    """
+    errors = sorted(abs(run.error) for run in residuals)
+    return errors[math.ceil(target * len(errors)) - 1] / statistics.median(errors)
+
+
+def chance_within(runs: int, target: float = TARGET_COVERAGE, tolerance: float = COVERAGE_TOLERANCE) -> float:
+    """The chance that ``runs`` independent runs, each inside a band with probability ``target``, give a coverage
+    within ``tolerance`` of ``target`` (binomial)."""
+    return sum(math.comb(runs, inside) * target ** inside * (1 - target) ** (runs - inside)
+               for inside in range(runs + 1) if abs(inside / runs - target) <= tolerance + 1e-12)
+
+
+def chance_every_regime_within(residuals: Sequence[Residual], target: float = TARGET_COVERAGE,
+                               tolerance: float = COVERAGE_TOLERANCE) -> tuple[float, dict[str, float]]:
+    """For a band that holds exactly ``target`` of the runs like each question, independently run by run: the
+    chance that every regime of at least :data:`~btk.planner.band.REPORTED_REGIME_RUNS` runs lands within
+    ``tolerance`` of ``target``, and each such regime's chance."""
+    sizes: dict[str, int] = {}
+    for run in residuals:
+        sizes[run.regime.key] = sizes.get(run.regime.key, 0) + 1
+    chances = {key: chance_within(size, target, tolerance) for key, size in sorted(sizes.items())
+               if size >= REPORTED_REGIME_RUNS}
+    return math.prod(chances.values()), chances
+
+
 def main() -> None:
     residuals = list(stored_residuals())
     print(f"{len(residuals)} leave-source-out residuals; target coverage {TARGET_COVERAGE:.0%}; per method the "
@@ -185,6 +223,14 @@ def main() -> None:
                       runs[narrowest]))
     print(row(f"locally weighted, the error of the regime regressed on its description (ridge {COVARIATE_RIDGE:g})",
               covariate_calibration(residuals)))
+    print(f"one width for every run, set after the fact to hold {TARGET_COVERAGE:.0%} of them: "
+          f"{one_width_ratio(residuals):.2f}x the median error")
+    joint, chances = chance_every_regime_within(residuals)
+    print(f"a band holding exactly {TARGET_COVERAGE:.0%} of runs like each question lands within "
+          f"{COVERAGE_TOLERANCE * 100:.0f} points of it in every regime of {REPORTED_REGIME_RUNS}+ runs with "
+          f"probability {joint:.1%}:")
+    for key, chance in chances.items():
+        print(f"  {key}: {chance:.1%}")
 
 
 if __name__ == "__main__":

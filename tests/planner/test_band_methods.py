@@ -3,17 +3,21 @@
 Fixture residuals, one source per run: a GPU family whose small models are predicted within 1-2 % and whose large
 ones miss by 8-16 %. The planner's band, pooling the family whole, gives both regimes one width; the locally
 weighted band, scaling each residual by its regime's error, gives the small models a narrower band than the large
-ones and still holds the target share of the runs it never saw.
+ones and still holds the target share of the runs it never saw. The bounds every band meets on given runs: a band
+of one width cannot be narrower than the share's quantile of the errors, and a band holding exactly the target share
+lands within five points of it in a regime of n runs with the binomial chance.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from types import ModuleType
 
 import pytest
-from script_module import load_script
+from script_module import ROOT, load_script
 
-from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps
+from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps, stored_residuals
 
 SMALL = Regime("hopper", "under 5B", "seq up to 8k", "1 node")
 LARGE = Regime("hopper", "20B and over", "seq up to 8k", "1 node")
@@ -30,19 +34,25 @@ def residuals() -> list[Residual]:
             for regime, errors in ((SMALL, small), (LARGE, large)) for i, error in enumerate(errors)]
 
 
+def bands_by_run(checked: Sequence[tuple[Residual, float | None]]) -> dict[str, float]:
+    """Each run's band; every band of these fixtures has one."""
+    bands = {run.id: band for run, band in checked}
+    assert all(band is not None for band in bands.values())
+    return {run_id: band for run_id, band in bands.items() if band is not None}
+
+
 def test_the_locally_weighted_band_follows_each_regimes_error() -> None:
     module = band_methods()
     runs, weights = residuals(), Weights(1.0, 0.0)
-    pooled = dict((run.id, band) for run, band in band_calibration(runs, weights))
-    local = dict((run.id, band) for run, band in module.locally_weighted_calibration(runs, weights, module._median))
+    pooled = bands_by_run(band_calibration(runs, weights))
+    local = bands_by_run(module.locally_weighted_calibration(runs, weights, module._median))
     small = [run.id for run in runs if run.regime == SMALL]
     large = [run.id for run in runs if run.regime == LARGE]
     # pooled: one family, one band (each left-out run's own residual aside)
     assert max(pooled[i] for i in small) >= min(pooled[i] for i in large)
     # locally weighted, the family whole weighed alike: the scale is still the same for both regimes
     assert max(local[i] for i in small) >= min(local[i] for i in large)
-    local = dict((run.id, band) for run, band in module.locally_weighted_calibration(runs, Weights(0.1, 0.0),
-                                                                                     module._median))
+    local = bands_by_run(module.locally_weighted_calibration(runs, Weights(0.1, 0.0), module._median))
     assert max(local[i] for i in small) < 0.05 < min(local[i] for i in large)
     overall, _ = coverage_gaps(module.locally_weighted_calibration(runs, Weights(0.1, 0.0), module._median))
     assert overall >= 0.8
@@ -63,7 +73,7 @@ def test_the_covariate_scale_follows_each_regimes_error_and_holds_the_target() -
     scale = module.covariate_scale(runs)
     assert scale(SMALL) < 0.05 < scale(LARGE)
     checked = module.covariate_calibration(runs)
-    bands = {run.id: band for run, band in checked}
+    bands = bands_by_run(checked)
     assert max(bands[run.id] for run in runs if run.regime == SMALL) < min(
         bands[run.id] for run in runs if run.regime == LARGE)
     overall, _ = coverage_gaps(checked)
@@ -76,3 +86,47 @@ def test_a_covariate_scale_never_falls_below_its_floor() -> None:
     scale = module.covariate_scale(exact)
     for regime in (SMALL, LARGE):
         assert module.SCALE_FLOOR <= scale(regime) == pytest.approx(module.SCALE_FLOOR)
+
+
+def test_one_width_for_every_run_is_no_narrower_than_the_targets_quantile() -> None:
+    """Errors of 1 % to 10 %: the narrowest width holding 80 % of them is the 8th smallest, 8 %, and one step
+    narrower holds 70 %; the median error is 5.5 %."""
+    module = band_methods()
+    runs = [Residual(f"r{i}", f"s{i}", SMALL, (-1) ** i * i / 100) for i in range(1, 11)]
+    assert module.one_width_ratio(runs) == pytest.approx(0.08 / 0.055)
+    assert sum(abs(run.error) <= 0.07 for run in runs) / len(runs) < 0.8 <= sum(
+        abs(run.error) <= 0.08 for run in runs) / len(runs)
+
+
+def test_the_chance_of_landing_within_five_points_is_the_binomials() -> None:
+    """Five runs: only 4 of 5 (80 %) is within five points, 5 x 0.8^4 x 0.2 = 0.4096; ten runs: only 8 of 10,
+    45 x 0.8^8 x 0.2^2; a thousand runs land within five points almost surely (the binomial's standard deviation is
+    1.3 points). Regimes of fewer than five runs are not counted; the chance of all is the product."""
+    module = band_methods()
+    assert module.chance_within(5) == pytest.approx(0.4096)
+    assert module.chance_within(10) == pytest.approx(45 * 0.8 ** 8 * 0.2 ** 2)
+    assert module.chance_within(1000) > 0.99
+    runs = [*residuals(), Residual("lone", "lone source", Regime("ampere"), 0.01)]
+    joint, chances = module.chance_every_regime_within(runs)
+    assert set(chances) == {SMALL.key, LARGE.key}
+    assert joint == pytest.approx(module.chance_within(10) ** 2)
+
+
+def test_docs_quote_the_bounds_of_the_stored_residuals() -> None:
+    """docs/calibration.md's two bounds are what the functions give on the stored residuals."""
+    module = band_methods()
+    runs = stored_residuals()
+    doc = " ".join((ROOT / "docs" / "calibration.md").read_text().split())
+    errors = sorted(abs(run.error) for run in runs)
+    width = errors[math.ceil(0.8 * len(errors)) - 1]
+    joint, chances = module.chance_every_regime_within(runs)
+    sizes = {key: sum(run.regime.key == key for run in runs) for key in chances}
+    quoted = [f"is ±{width:.1%}".replace("%", " %"), f"**{module.one_width_ratio(runs):.2f} times** the median error",
+              f"probability **{joint:.1%}**".replace("%", " %"),
+              f"in a regime of five runs with probability {module.chance_within(5):.0%}".replace("%", " %"),
+              f"all {len(runs)} runs the same band lands within five points with probability "
+              f"{module.chance_within(len(runs)):.0%}".replace("%", " %"),
+              *(f"{size}-run regime {chances[key]:.0%}".replace("%", " %") for key, size in sizes.items()
+                if list(sizes.values()).count(size) == 1 and size != 6)]
+    for text in quoted:
+        assert text in doc, text
