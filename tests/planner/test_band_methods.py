@@ -17,7 +17,16 @@ from types import ModuleType
 import pytest
 from script_module import ROOT, load_script
 
-from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps, stored_residuals
+from btk.planner.band import (
+    Regime,
+    Residual,
+    Weights,
+    band_calibration,
+    coverage_gaps,
+    stored_residuals,
+    stored_summary,
+    stored_weights,
+)
 
 SMALL = Regime("hopper", "under 5B", "seq up to 8k", "1 node")
 LARGE = Regime("hopper", "20B and over", "seq up to 8k", "1 node")
@@ -130,3 +139,23 @@ def test_docs_quote_the_bounds_of_the_stored_residuals() -> None:
                 if list(sizes.values()).count(size) == 1 and size != 6)]
     for text in quoted:
         assert text in doc, text
+
+
+def test_the_binomial_test_is_the_exact_two_sided_one() -> None:
+    """Five runs at 80 %: P(4) = 0.4096 is the likeliest count (p = 1); 5 of 5 (P = 0.32768) is as likely as no
+    count but 4, so p = 1 - 0.4096; none of 5 (P = 0.2^5) is the least likely alone."""
+    module = band_methods()
+    assert module.binomial_p_value(4, 5) == pytest.approx(1.0)
+    assert module.binomial_p_value(5, 5) == pytest.approx(1 - 0.4096)
+    assert module.binomial_p_value(0, 5) == pytest.approx(0.2 ** 5)
+
+
+def test_docs_quote_the_planners_binomial_tests() -> None:
+    """docs/calibration.md's p-values are the test's on the planner's stored band."""
+    module = band_methods()
+    doc = " ".join((ROOT / "docs" / "calibration.md").read_text().split())
+    checked = band_calibration(stored_residuals(), stored_weights(stored_summary()))
+    for key, (inside, runs, p_value) in module.coverage_tests(checked).items():
+        assert p_value >= 0.05, key
+        of = f"{inside} of all {runs}" if key == "all runs" else f"{inside} of {runs}"
+        assert f"{of}: p = {p_value:.2f}" in doc, (key, of, p_value)
