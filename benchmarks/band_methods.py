@@ -48,6 +48,7 @@ from btk.planner.band import (
     Residual,
     Weights,
     band_calibration,
+    binomial_p_value,
     coverage_gaps,
     stored_residuals,
     stored_summary,
@@ -203,16 +204,6 @@ def chance_every_regime_within(residuals: Sequence[Residual], target: float = TA
     chances = {key: chance_within(size, target, tolerance) for key, size in sorted(sizes.items())
                if size >= REPORTED_REGIME_RUNS}
     return math.prod(chances.values()), chances
-
-
-def binomial_p_value(inside: int, runs: int, target: float = TARGET_COVERAGE) -> float:
-    """The exact two-sided binomial test of ``inside`` of ``runs`` against ``target``: the chance, for a band that
-    holds exactly ``target`` of runs like these, of a count no likelier than the one seen."""
-    def chance(count: int) -> float:
-        return math.comb(runs, count) * target ** count * (1 - target) ** (runs - count)
-
-    seen = chance(inside)
-    return min(1.0, sum(chance(count) for count in range(runs + 1) if chance(count) <= seen * (1 + 1e-9)))
 
 
 def coverage_tests(checked: Sequence[tuple[Residual, float | None]],

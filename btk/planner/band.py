@@ -291,9 +291,21 @@ def regime_table(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def binomial_p_value(inside: int, runs: int, target: float = TARGET_COVERAGE) -> float:
+    """The exact two-sided binomial test of ``inside`` of ``runs`` against ``target``: the chance, for a band that
+    holds exactly ``target`` of runs like these (each independently), of a count no likelier than the one seen.
+    Under 0.05 the count is evidence that the band's coverage is not ``target``."""
+    def chance(count: int) -> float:
+        return math.comb(runs, count) * target ** count * (1 - target) ** (runs - count)
+
+    seen = chance(inside)
+    return min(1.0, sum(chance(count) for count in range(runs + 1) if chance(count) <= seen * (1 + 1e-9)))
+
+
 def calibration_table(summary: Mapping[str, Any]) -> list[str]:
     """How the bands, rebuilt without each source in turn, cover that source's runs: per regime with at least
-    :data:`REPORTED_REGIME_RUNS` runs and overall, with the median band and the median error (Markdown)."""
+    :data:`REPORTED_REGIME_RUNS` runs and overall, with the exact binomial test of the count against the target
+    (:func:`binomial_p_value`), the median band and the median error (Markdown)."""
     residuals = [Residual.from_json(entry) for entry in summary["residuals"]]
     checked = band_calibration(residuals, stored_weights(summary), summary["target_coverage"])
     groups: dict[str, list[tuple[Residual, float | None]]] = {}
@@ -305,10 +317,12 @@ def calibration_table(summary: Mapping[str, Any]) -> list[str]:
         median = statistics.median(band if band is not None else math.inf for _, band in runs)
         width = "none (too few runs)" if math.isinf(median) else f"±{median:.1%}"
         error = statistics.median(abs(run.error) for run, _ in runs)
-        return f"| {name} | {len(runs)} | {inside} | {inside / len(runs):.0%} | {width} | {error:.1%} |"
+        p_value = binomial_p_value(inside, len(runs), summary["target_coverage"])
+        return (f"| {name} | {len(runs)} | {inside} | {inside / len(runs):.0%} | {p_value:.2f} | {width} | "
+                f"{error:.1%} |")
 
-    lines = ["| regime | runs | inside the band | coverage | median band | median error |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| regime | runs | inside the band | coverage | p (binomial) | median band | median error |",
+             "|---|---|---|---|---|---|---|"]
     lines.extend(row(key, runs) for key, runs in sorted(groups.items()) if len(runs) >= REPORTED_REGIME_RUNS)
     lines.append(row(f"all {len(checked)} runs", checked))
     return lines

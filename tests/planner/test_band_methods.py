@@ -136,10 +136,9 @@ def test_docs_quote_the_bounds_of_the_stored_residuals() -> None:
 def test_the_binomial_test_is_the_exact_two_sided_one() -> None:
     """Five runs at 80 %: P(4) = 0.4096 is the likeliest count (p = 1); 5 of 5 (P = 0.32768) is as likely as no
     count but 4, so p = 1 - 0.4096; none of 5 (P = 0.2^5) is the least likely alone."""
-    module = band_methods()
-    assert module.binomial_p_value(4, 5) == pytest.approx(1.0)
-    assert module.binomial_p_value(5, 5) == pytest.approx(1 - 0.4096)
-    assert module.binomial_p_value(0, 5) == pytest.approx(0.2 ** 5)
+    assert planner_band.binomial_p_value(4, 5) == pytest.approx(1.0)
+    assert planner_band.binomial_p_value(5, 5) == pytest.approx(1 - 0.4096)
+    assert planner_band.binomial_p_value(0, 5) == pytest.approx(0.2 ** 5)
 
 
 def test_docs_quote_the_planners_binomial_tests() -> None:
