@@ -42,6 +42,7 @@ from btk.planner.band import (
     band_calibration,
     band_for_question,
     band_summary,
+    binomial_p_value,
     calibration_table,
     conformal_band,
     coverage_gaps,
@@ -360,6 +361,15 @@ def held_out_coverage() -> list[str]:
 def test_docs_print_how_the_bands_cover_the_held_out_runs() -> None:
     for line in held_out_coverage():
         assert line in DOC, f"docs/calibration.md is stale, paste benchmarks/calibrate.py's coverage table: {line}"
+
+
+def test_docs_test_the_held_out_coverage_against_the_target() -> None:
+    """The held-out runs' count inside their bands, as the docs quote it, with its exact binomial test."""
+    cells = held_out_coverage()[-1].split("|")
+    runs, inside = int(cells[2]), int(cells[3])
+    text = " ".join(DOC.split())
+    assert f"{inside} of the {runs} with a band fall inside it" in text
+    assert f"binomial test against 80 %: p = {binomial_p_value(inside, runs):.2f})" in text
 
 
 def test_coverage_counts_a_run_inside_only_within_the_band_of_its_question() -> None:
