@@ -24,8 +24,8 @@ ratio (``docs/calibration.md`` quotes it). Then two bounds on what any band can 
 narrowest band of one width for every run that holds the target share of them, set after the fact
 (:func:`one_width_ratio`), and the chance that a band which holds exactly the target share of runs like each
 question lands within five points of it in every regime of at least five runs (:func:`chance_every_regime_within`).
-Last, whether the planner's band's count in each such regime is consistent with the target: the exact two-sided
-binomial test (:func:`coverage_tests`).
+Whether the planner's count in each regime is consistent with the target (the exact binomial test) is a column of the
+band's calibration table (``btk.planner.band.calibration_table``, printed by ``benchmarks/calibrate.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from btk.planner.band import (
     Residual,
     Weights,
     band_calibration,
-    binomial_p_value,
     coverage_gaps,
     stored_residuals,
     stored_summary,
@@ -206,20 +205,6 @@ def chance_every_regime_within(residuals: Sequence[Residual], target: float = TA
     return math.prod(chances.values()), chances
 
 
-def coverage_tests(checked: Sequence[tuple[Residual, float | None]],
-                   target: float = TARGET_COVERAGE) -> dict[str, tuple[int, int, float]]:
-    """Per regime of at least :data:`~btk.planner.band.REPORTED_REGIME_RUNS` runs and over all: (runs inside, runs,
-    :func:`binomial_p_value`)."""
-    groups: dict[str, list[bool]] = {}
-    for run, band in checked:
-        groups.setdefault(run.regime.key, []).append(band is not None and abs(run.error) <= band)
-    tests = {key: (sum(inside), len(inside), binomial_p_value(sum(inside), len(inside), target))
-             for key, inside in sorted(groups.items()) if len(inside) >= REPORTED_REGIME_RUNS}
-    every = [flag for inside in groups.values() for flag in inside]
-    tests["all runs"] = (sum(every), len(every), binomial_p_value(sum(every), len(every), target))
-    return tests
-
-
 def main() -> None:
     residuals = list(stored_residuals())
     print(f"{len(residuals)} leave-source-out residuals; target coverage {TARGET_COVERAGE:.0%}; per method the "
@@ -248,10 +233,6 @@ def main() -> None:
           f"probability {joint:.1%}:")
     for key, chance in chances.items():
         print(f"  {key}: {chance:.1%}")
-    print(f"the planner's band against {TARGET_COVERAGE:.0%}, exact two-sided binomial test (a p-value under 5% would "
-          "reject it):")
-    for key, (inside, runs, p_value) in coverage_tests(band_calibration(residuals, planners)).items():
-        print(f"  {key}: {inside} of {runs} inside, p = {p_value:.2f}")
 
 
 if __name__ == "__main__":
