@@ -13,26 +13,31 @@ weighted as the planner weighs them (:class:`btk.planner.band.Weights`), or a re
 description: the logarithm of the absolute residual fitted by ridge least squares on the GPU family, the size bin, a
 long sequence and several nodes (:func:`covariate_scale`; the ridge shrinks every term but the intercept, so a
 regime with few runs stays near one pooled scale), which lets a regime borrow what a dimension does to the error
-from every family that has runs on both sides of it. All are checked the same way: each source is left out in turn,
-its runs are scored against bands (and scales) built without it, and the share inside is the coverage; the weights
-of each weighted method are those of the grid closest to the target, overall plus the mean over regimes of at least
-five runs (the planner's own rule).
+from every family that has runs on both sides of it. A last scale is not the regime's at all but the question's own:
+the spread of the fits (:func:`fit_spreads`), how far its prediction moves between fits that each leave out one more
+source (a jackknife over sources), with a pooled floor beside it (from a grid, chosen as the weights are): wide
+where one source pins the prediction, narrow where many agree. All are checked the same way: each source is left out
+in turn, its runs are scored against bands (and scales) built without it, and the share inside is the coverage; the
+weights of each weighted method are those of the grid closest to the target, overall plus the mean over regimes of
+at least five runs (the planner's own rule).
 
 Run: ``.venv/bin/python benchmarks/band_methods.py`` (about three minutes on one core). It prints, per method, the
-coverage overall, its range over the regimes of at least five runs, the median band, the median error and their
-ratio (``docs/calibration.md`` quotes it). Then two bounds on what any band can show on these runs: the ratio of the
-narrowest band of one width for every run that holds the target share of them, set after the fact
-(:func:`one_width_ratio`), and the chance that a band which holds exactly the target share of runs like each
+coverage overall, its range over the regimes of at least five runs, the median band, the median error, their ratio,
+and how closely the bands follow the errors (:func:`scale_tracking`: the rank correlation of each run's band with
+its absolute error); ``docs/calibration.md`` quotes the table. Then two bounds on what any band can show on these
+runs: the ratio of the narrowest band of one width for every run that holds the target share of them, set after the
+fact (:func:`one_width_ratio`), and the chance that a band which holds exactly the target share of runs like each
 question lands within five points of it in every regime of at least five runs (:func:`chance_every_regime_within`).
-Whether the planner's count in each regime is consistent with the target (the exact binomial test) is a column of the
-band's calibration table (``btk.planner.band.calibration_table``, printed by ``benchmarks/calibrate.py``).
+Whether the planner's count in each regime is consistent with the target (the exact binomial test) is a column of
+the band's calibration table (``btk.planner.band.calibration_table``, printed by ``benchmarks/calibrate.py``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -52,6 +57,14 @@ from btk.planner.band import (
     stored_residuals,
     stored_summary,
     stored_weights,
+)
+from btk.planner.calibration import (
+    CalibrationPoint,
+    current_parameters,
+    fit,
+    load_points,
+    predict_tokens_per_second,
+    source_of,
 )
 
 Scale = Callable[[Sequence[tuple[float, float]]], float]
@@ -149,6 +162,87 @@ def covariate_calibration(residuals: Sequence[Residual], target: float = TARGET_
     return checked
 
 
+def jackknife_spread(predictions: Sequence[float]) -> float:
+    """The jackknife's standard error from leave-one-out estimates (Efron and Stein 1981): sqrt((n - 1) / n x the sum
+    of their squared deviations from their mean); 0 for fewer than two."""
+    if len(predictions) < 2:
+        return 0.0
+    centre = statistics.fmean(predictions)
+    return math.sqrt((len(predictions) - 1) / len(predictions) * sum((x - centre) ** 2 for x in predictions))
+
+
+Fitted = TypeVar("Fitted")
+"""What a fit gives the prediction (the calibration's :class:`~btk.planner.calibration.Parameters`)."""
+
+
+def fit_spreads(points: Sequence[CalibrationPoint], fit_without: Callable[[Sequence[CalibrationPoint]], Fitted],
+                predict: Callable[[CalibrationPoint, Fitted], float]) -> dict[str, float]:
+    """Each run's spread of the fits: the jackknife standard error (:func:`jackknife_spread`) of its log tokens/s as
+    predicted by the fits without its own source and, in turn, each other source: how much the prediction its band
+    is checked against moves when one more source is taken away. A question's spread would be the same over the fits
+    without each source. One fit per pair of sources (for the 11 sources, 55 fits)."""
+    sources = list(dict.fromkeys(source_of(point) for point in points))
+    fits = {frozenset(pair): fit_without([point for point in points if source_of(point) not in pair])
+            for pair in ((a, b) for i, a in enumerate(sources) for b in sources[i + 1:])}
+    return {point.id: jackknife_spread([math.log(predict(point, fits[frozenset((source_of(point), other))]))
+                                        for other in sources if other != source_of(point)])
+            for point in points}
+
+
+def stored_fit_spreads() -> dict[str, float]:
+    """:func:`fit_spreads` of the calibration's runs, each fit started from the stored constants."""
+    start = current_parameters()
+    return fit_spreads(load_points(), lambda kept: fit(kept, start=start), predict_tokens_per_second)
+
+
+SPREAD_FLOORS = (0.0, 0.01, 0.02, 0.04, 0.08, 0.16)
+"""The pooled terms tried beside a run's spread: its scale is sqrt(floor^2 + spread^2)."""
+
+
+def spread_calibration(residuals: Sequence[Residual], spreads: Mapping[str, float], floor: float,
+                       target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
+    """Each run against the locally weighted band scaled by the spread of the fits (:func:`fit_spreads`): the
+    target quantile of the other sources' scores ``|error| / scale``, times the run's own scale. Every run's spread
+    is built without its own source; the spreads of the runs scored for a band include fits that saw the banded
+    run's source (the scores would otherwise need a fit per triple of sources)."""
+    def scale(run: Residual) -> float:
+        return max(math.hypot(floor, spreads[run.id]), SCALE_FLOOR)
+
+    checked: list[tuple[Residual, float | None]] = []
+    for run in residuals:
+        scores = [abs(other.error) / scale(other) for other in residuals if other.source != run.source]
+        checked.append((run, _quantile(scores, target) * scale(run)))
+    return checked
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged)."""
+    return float(np.corrcoef(_ranks(xs), _ranks(ys))[0, 1])
+
+
+def scale_tracking(checked: Sequence[tuple[Residual, float | None]]) -> float:
+    """How closely a band's width follows the error it should cover: the rank correlation of each run's band
+    (its scale times one quantile, nearly) with its absolute error. 1 where the widths rank the runs as their
+    errors do; near 0 where they carry nothing of it."""
+    runs = [(band, abs(run.error)) for run, band in checked if band is not None and math.isfinite(band)]
+    return rank_correlation([band for band, _ in runs], [error for _, error in runs])
+
+
 def summary(checked: Sequence[tuple[Residual, float | None]]) -> tuple[float, float, float, float, float]:
     """(coverage, lowest and highest regime coverage, median band, median error) of ``checked``."""
     overall, regimes = coverage_gaps(checked)
@@ -168,7 +262,8 @@ def named(weights: Weights) -> str:
 
 def row(name: str, checked: Sequence[tuple[Residual, float | None]]) -> str:
     overall, low, high, band, error = summary(checked)
-    return (f"| {name} | {overall:.0%} | {low:.0%}-{high:.0%} | ±{band:.1%} | {error:.1%} | {band / error:.2f} |")
+    return (f"| {name} | {overall:.0%} | {low:.0%}-{high:.0%} | ±{band:.1%} | {error:.1%} | {band / error:.2f} "
+            f"| {scale_tracking(checked):+.2f} |")
 
 
 COVERAGE_TOLERANCE = 0.05
@@ -209,8 +304,8 @@ def main() -> None:
     residuals = list(stored_residuals())
     print(f"{len(residuals)} leave-source-out residuals; target coverage {TARGET_COVERAGE:.0%}; per method the "
           "weights of the grid closest to the target (overall plus mean regime gap)")
-    print("| method | coverage | regimes of 5+ runs | median band | median error | band / error |")
-    print("|---|---|---|---|---|---|")
+    print("| method | coverage | regimes of 5+ runs | median band | median error | band / error | band ~ error |")
+    print("|---|---|---|---|---|---|---|")
     planners = stored_weights(stored_summary())
     print(row(f"the planner's: weighted conformal quantile of the residuals ({named(planners)})",
               band_calibration(residuals, planners)))
@@ -225,6 +320,12 @@ def main() -> None:
                       runs[narrowest]))
     print(row(f"locally weighted, the error of the regime regressed on its description (ridge {COVARIATE_RIDGE:g})",
               covariate_calibration(residuals)))
+    spreads = stored_fit_spreads()
+    by_floor = {floor: spread_calibration(residuals, spreads, floor) for floor in SPREAD_FLOORS}
+    floor = min(SPREAD_FLOORS, key=lambda floor: (round(gap(by_floor[floor]), 9), summary(by_floor[floor])[3]))
+    print(row(f"locally weighted, the spread of the fits without one more source (jackknife; floor {floor:.0%})",
+              by_floor[floor]))
+    print("band ~ error: the rank correlation (Spearman) of each run's band with its absolute error")
     print(f"one width for every run, set after the fact to hold {TARGET_COVERAGE:.0%} of them: "
           f"{one_width_ratio(residuals):.2f}x the median error")
     joint, chances = chance_every_regime_within(residuals)

@@ -19,6 +19,7 @@ from script_module import ROOT, load_script
 
 from btk.planner import band as planner_band
 from btk.planner.band import Regime, Residual, Weights, band_calibration, coverage_gaps
+from btk.planner.calibration import CalibrationPoint, load_points, source_of
 
 SMALL = Regime("hopper", "under 5B", "seq up to 8k", "1 node")
 LARGE = Regime("hopper", "20B and over", "seq up to 8k", "1 node")
@@ -149,3 +150,67 @@ def test_docs_quote_the_planners_binomial_tests() -> None:
         assert float(p_value) >= 0.05, name
         of = f"{inside} of all {runs}" if name.startswith("all ") else f"{inside} of {runs}"
         assert f"{of}: p = {p_value}" in doc, (name, of, p_value)
+
+
+def test_the_jackknife_spread_is_efron_and_steins() -> None:
+    """Leave-one-out estimates 1, 2, 3: sqrt(2/3 x (1 + 0 + 1)); one estimate has no spread."""
+    module = band_methods()
+    assert module.jackknife_spread([1.0, 2.0, 3.0]) == pytest.approx(math.sqrt(4 / 3))
+    assert module.jackknife_spread([5.0]) == 0.0
+
+
+def test_each_runs_spread_comes_from_fits_that_never_saw_its_source() -> None:
+    """On the calibration's real runs with a stand-in fit (the set of sources it kept) and prediction (e to the
+    number of sources kept that sort before the run's own): one fit per pair of sources, each run predicted only by
+    fits without its source and one other, and its spread the jackknife of those predictions."""
+    module = band_methods()
+    points = load_points()[:24]
+    sources = sorted({source_of(point) for point in points})
+    fitted: list[frozenset[str]] = []
+
+    def stand_in_fit(kept: Sequence[CalibrationPoint]) -> frozenset[str]:
+        fitted.append(frozenset(source_of(point) for point in kept))
+        return fitted[-1]
+
+    predicted: list[tuple[str, frozenset[str]]] = []
+
+    def stand_in_predict(point: CalibrationPoint, kept: frozenset[str]) -> float:
+        predicted.append((source_of(point), kept))
+        return math.exp(sum(source < source_of(point) for source in kept))
+
+    spreads = module.fit_spreads(points, stand_in_fit, stand_in_predict)
+    assert len(sources) >= 3 and len(fitted) == len(set(fitted)) == math.comb(len(sources), 2)
+    assert all(own not in kept and len(kept) == len(sources) - 2 for own, kept in predicted)
+    for point in points:
+        own = source_of(point)
+        expected = [sum(source < own for source in sources if source not in (own, other))
+                    for other in sources if other != own]
+        assert spreads[point.id] == pytest.approx(module.jackknife_spread(expected))
+
+
+def test_a_band_scaled_by_a_spread_that_follows_the_error_follows_it_too() -> None:
+    """Spreads of 1 % for the small models and 10 % for the large: their bands differ tenfold and hold the target;
+    a floor far above both spreads gives every run nearly the same band."""
+    module = band_methods()
+    runs = residuals()
+    spreads = {run.id: 0.01 if run.regime == SMALL else 0.10 for run in runs}
+    checked = module.spread_calibration(runs, spreads, floor=0.0)
+    bands = bands_by_run(checked)
+    assert max(bands[run.id] for run in runs if run.regime == SMALL) < 0.05 < min(
+        bands[run.id] for run in runs if run.regime == LARGE)
+    assert coverage_gaps(checked)[0] >= 0.8
+    # two widths for two groups of errors that do not overlap: the ranks agree but for the order within each group
+    assert module.scale_tracking(checked) > 0.5
+    flat = bands_by_run(module.spread_calibration(runs, spreads, floor=10.0))
+    assert max(flat.values()) / min(flat.values()) < 1.1
+
+
+def test_rank_correlation_is_spearmans_with_ties_averaged() -> None:
+    """Same order 1, reversed -1; x = 1, 1, 2 ranks 1.5, 1.5, 3 against 1, 2, 3: 1.5 / sqrt(1.5 x 2)."""
+    module = band_methods()
+    assert module.rank_correlation([1, 2, 3], [10, 40, 90]) == pytest.approx(1.0)
+    assert module.rank_correlation([1, 2, 3], [9, 4, 1]) == pytest.approx(-1.0)
+    assert module.rank_correlation([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / math.sqrt(3.0))
+    runs = residuals()
+    assert module.scale_tracking([(run, 2 * abs(run.error)) for run in runs]) == pytest.approx(1.0)
+    assert module.scale_tracking([(run, 1 / abs(run.error)) for run in runs]) == pytest.approx(-1.0)
