@@ -159,13 +159,18 @@ def timed_figures(steps: list[TitanStep], warmup: int, tokens_per_step: int) -> 
     return tokens_per_step * len(timed) / seconds, max(step.peak_reserved_gib for step in timed)
 
 
-def run_environment(case: dict[str, Any], flavor: str) -> dict[str, str]:
-    """This process's environment (the pipeline's variables included) plus the case and the import path."""
+def run_environment(case: dict[str, Any], flavor: str, workdir: Path) -> dict[str, str]:
+    """This process's environment (the pipeline's variables included) plus the case and the import path.
+
+    Hugging Face ``datasets`` converts the generated JSON-lines file to Arrow when torchtitan loads it, into its
+    cache: that cache is ``workdir``'s, not the user's (``~/.cache/huggingface/datasets``), where every run's new
+    dataset would add an entry that nothing reads again."""
     containers = str(Path(__file__).resolve().parents[1])
     return {**os.environ, CASE_ENV: json.dumps({"flavor": flavor, "precision": case["knobs"]["precision"],
                                                               "compile": case["knobs"]["compile"]}),
             "PYTHONPATH": os.pathsep.join(filter(None, [containers, os.environ.get("PYTHONPATH")])),
-            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_CACHE": str(workdir / "hf-datasets-cache")}
 
 
 def check_case(python: str, argv: list[str], environment: dict[str, str], expected_parameters: int) -> dict[str, Any]:
@@ -233,7 +238,7 @@ def compare(results: dict[str, Any], architectures: dict[str, ModelArchitecture]
             assets[key] = write_assets(workdir / f"assets-{key[0]}x{key[1]}", knobs["seq_len"],
                                        knobs["micro_batch_size"] * (steps + 1))
         argv = titan_argv(knobs, assets[key], steps, workdir / f"case-{case['number']}")
-        environment = run_environment(case, flavor)
+        environment = run_environment(case, flavor, workdir)
         try:
             if knobs["precision"] == "bf16" or not until_cuda:  # torchtitan's float8 converter asks for a GPU
                 built = check_case(python, argv, environment, arch.parameter_count)

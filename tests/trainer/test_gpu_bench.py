@@ -24,6 +24,7 @@ from btk_trainer.titan_baseline import (
     flavor_for,
     not_comparable,
     parse_steps,
+    run_environment,
     timed_figures,
     titan_argv,
 )
@@ -199,6 +200,15 @@ def test_torchtitans_arguments_carry_the_cases_knobs(tmp_path: Path) -> None:
     assert flags["--training.seq_len"] == "8192" and flags["--training.local_batch_size"] == "2"
     assert flags["--training.steps"] == "12" and flags["--config"] == "btk_case"
     assert "--compile.no-enable" in argv and argv[-1] == "activation-checkpoint:full"
+
+
+def test_torchtitans_dataset_cache_is_its_work_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face datasets' Arrow copy of the generated documents goes under the work folder, whatever the
+    user's environment says, and nothing is fetched."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "users-own"))
+    environment = run_environment(_case(), "3B", tmp_path / "work")
+    assert environment["HF_DATASETS_CACHE"] == str(tmp_path / "work" / "hf-datasets-cache")
+    assert environment["HF_DATASETS_OFFLINE"] == environment["HF_HUB_OFFLINE"] == "1"
 
 
 #: torchtitan 0.3.0's step line (torchtitan/components/metrics.py's format, colours off), as it prints it.
