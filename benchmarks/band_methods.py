@@ -180,7 +180,7 @@ def fit_spreads(points: Sequence[CalibrationPoint], fit_without: Callable[[Seque
     """Each run's spread of the fits: the jackknife standard error (:func:`jackknife_spread`) of its log tokens/s as
     predicted by the fits without its own source and, in turn, each other source: how much the prediction its band
     is checked against moves when one more source is taken away. A question's spread would be the same over the fits
-    without each source. One fit per pair of sources (for the 11 sources, 55 fits)."""
+    without each source. One fit per pair of sources: n (n - 1) / 2 fits for n sources."""
     sources = list(dict.fromkeys(source_of(point) for point in points))
     fits = {frozenset(pair): fit_without([point for point in points if source_of(point) not in pair])
             for pair in ((a, b) for i, a in enumerate(sources) for b in sources[i + 1:])}
@@ -231,14 +231,17 @@ def _ranks(values: Sequence[float]) -> list[float]:
 
 
 def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged)."""
-    return float(np.corrcoef(_ranks(xs), _ranks(ys))[0, 1])
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged); 0 where either side is one
+    value throughout (it orders nothing, as a band of one width for every run)."""
+    x_ranks, y_ranks = _ranks(xs), _ranks(ys)
+    if len(set(x_ranks)) < 2 or len(set(y_ranks)) < 2:
+        return 0.0
+    return float(np.corrcoef(x_ranks, y_ranks)[0, 1])
 
 
 def scale_tracking(checked: Sequence[tuple[Residual, float | None]]) -> float:
-    """How closely a band's width follows the error it should cover: the rank correlation of each run's band
-    (its scale times one quantile, nearly) with its absolute error. 1 where the widths rank the runs as their
-    errors do; near 0 where they carry nothing of it."""
+    """How closely a band's width follows the error it should cover: the rank correlation of each run's band with
+    its absolute error. 1 where the widths rank the runs as their errors do; near 0 where they carry nothing of it."""
     runs = [(band, abs(run.error)) for run, band in checked if band is not None and math.isfinite(band)]
     return rank_correlation([band for band, _ in runs], [error for _, error in runs])
 

@@ -206,7 +206,8 @@ def test_a_band_scaled_by_a_spread_that_follows_the_error_follows_it_too() -> No
 
 
 def test_rank_correlation_is_spearmans_with_ties_averaged() -> None:
-    """Same order 1, reversed -1; x = 1, 1, 2 ranks 1.5, 1.5, 3 against 1, 2, 3: 1.5 / sqrt(1.5 x 2)."""
+    """Same order 1, reversed -1; x = 1, 1, 2 ranks 1.5, 1.5, 3 against 1, 2, 3: 1.5 / sqrt(1.5 x 2). A band's
+    widths against the errors: in their order 1, against it -1, one width for all 0."""
     module = band_methods()
     assert module.rank_correlation([1, 2, 3], [10, 40, 90]) == pytest.approx(1.0)
     assert module.rank_correlation([1, 2, 3], [9, 4, 1]) == pytest.approx(-1.0)
@@ -214,3 +215,4 @@ def test_rank_correlation_is_spearmans_with_ties_averaged() -> None:
     runs = residuals()
     assert module.scale_tracking([(run, 2 * abs(run.error)) for run in runs]) == pytest.approx(1.0)
     assert module.scale_tracking([(run, 1 / abs(run.error)) for run in runs]) == pytest.approx(-1.0)
+    assert module.scale_tracking([(run, 0.1) for run in runs]) == 0.0  # one width orders nothing
