@@ -53,6 +53,7 @@ from btk.planner.band import (
     Residual,
     Weights,
     band_calibration,
+    binomial_chance,
     coverage_gaps,
     stored_residuals,
     stored_summary,
@@ -215,28 +216,14 @@ def spread_calibration(residuals: Sequence[Residual], spreads: Mapping[str, floa
     return checked
 
 
-def _ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties given the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for position in range(start, end + 1):
-            ranks[order[position]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
-
-
 def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the ranks (ties averaged); 0 where either side is one
-    value throughout (it orders nothing, as a band of one width for every run)."""
-    x_ranks, y_ranks = _ranks(xs), _ranks(ys)
-    if len(set(x_ranks)) < 2 or len(set(y_ranks)) < 2:
+    """Spearman's rank correlation (``scipy.stats.spearmanr``: ties get their mean rank); 0 where either side is one
+    value throughout (it orders nothing, as a band of one width for every run), where SciPy gives NaN."""
+    from scipy.stats import spearmanr
+
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
         return 0.0
-    return float(np.corrcoef(x_ranks, y_ranks)[0, 1])
+    return float(spearmanr(xs, ys).statistic)
 
 
 def scale_tracking(checked: Sequence[tuple[Residual, float | None]]) -> float:
@@ -286,7 +273,7 @@ def one_width_ratio(residuals: Sequence[Residual], target: float = TARGET_COVERA
 def chance_within(runs: int, target: float = TARGET_COVERAGE, tolerance: float = COVERAGE_TOLERANCE) -> float:
     """The chance that ``runs`` independent runs, each inside a band with probability ``target``, give a coverage
     within ``tolerance`` of ``target`` (binomial)."""
-    return sum(math.comb(runs, inside) * target ** inside * (1 - target) ** (runs - inside)
+    return sum(binomial_chance(inside, runs, target)
                for inside in range(runs + 1) if abs(inside / runs - target) <= tolerance + 1e-12)
 
 

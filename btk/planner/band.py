@@ -291,15 +291,19 @@ def regime_table(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def binomial_chance(inside: int, runs: int, target: float = TARGET_COVERAGE) -> float:
+    """The chance that exactly ``inside`` of ``runs`` independent runs fall inside a band that holds each with
+    probability ``target`` (the binomial distribution)."""
+    return math.comb(runs, inside) * target ** inside * (1 - target) ** (runs - inside)
+
+
 def binomial_p_value(inside: int, runs: int, target: float = TARGET_COVERAGE) -> float:
     """The exact two-sided binomial test of ``inside`` of ``runs`` against ``target``: the chance, for a band that
     holds exactly ``target`` of runs like these (each independently), of a count no likelier than the one seen.
     Under 0.05 the count is evidence that the band's coverage is not ``target``."""
-    def chance(count: int) -> float:
-        return math.comb(runs, count) * target ** count * (1 - target) ** (runs - count)
-
-    seen = chance(inside)
-    return min(1.0, sum(chance(count) for count in range(runs + 1) if chance(count) <= seen * (1 + 1e-9)))
+    seen = binomial_chance(inside, runs, target)
+    return min(1.0, sum(chance for count in range(runs + 1)
+                        if (chance := binomial_chance(count, runs, target)) <= seen * (1 + 1e-9)))
 
 
 def calibration_table(summary: Mapping[str, Any]) -> list[str]:

@@ -142,6 +142,18 @@ def test_the_binomial_test_is_the_exact_two_sided_one() -> None:
     assert planner_band.binomial_p_value(0, 5) == pytest.approx(0.2 ** 5)
 
 
+def test_the_binomial_test_is_scipys() -> None:
+    """Every count of up to 30 runs, at the target and at two other coverages: the same p as SciPy's exact test."""
+    from scipy.stats import binomtest
+
+    for target in (0.8, 0.5, 0.9):
+        for runs in range(1, 31):
+            for inside in range(runs + 1):
+                expected = binomtest(inside, runs, target).pvalue
+                assert planner_band.binomial_p_value(inside, runs, target) == pytest.approx(expected, rel=1e-9), (
+                    inside, runs, target)
+
+
 def test_docs_quote_the_planners_binomial_tests() -> None:
     """docs/calibration.md's p-values are the calibration table's on the planner's stored band."""
     doc = " ".join((ROOT / "docs" / "calibration.md").read_text().split())
