@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -71,3 +72,32 @@ def test_make_test_declares_every_check_as_a_stage() -> None:
     assert stages == {"setup", "lint", "typecheck", "deploy-rehearsal", "gpu-bench-readiness", "pytest", "synth-all",
                       "cfn-lint", "checkov", "hadolint", "actionlint", "zizmor"}
     assert re.search(r"^test:\n\tbash scripts/test_stages\.sh .*\$\(TEST_STAGES\)$", makefile, re.MULTILINE)
+
+
+def _node_options_under_make(user_value: str | None) -> str:
+    """NODE_OPTIONS as a command run by the Makefile sees it, with ``user_value`` in the caller's environment."""
+    env = {key: value for key, value in os.environ.items() if key not in ("NODE_OPTIONS", "MAKEFLAGS", "MAKELEVEL")}
+    if user_value is not None:
+        env["NODE_OPTIONS"] = user_value
+    target = 'show-node-options: ; @echo "$$NODE_OPTIONS"'
+    shown = subprocess.run(["make", "-s", "--eval", target, "show-node-options"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, check=True)
+    return shown.stdout.strip()
+
+
+def _node_threads(node_options: str) -> int:
+    """How many threads a Node.js process runs with ``node_options`` (V8's helper pool among them)."""
+    script = "console.log(require('fs').readdirSync('/proc/self/task').length)"
+    env = {**os.environ, "NODE_OPTIONS": node_options}
+    return int(subprocess.run(["node", "-e", script], env=env, capture_output=True, text=True, check=True).stdout)
+
+
+def test_the_cdks_node_processes_get_one_v8_helper_thread_unless_the_user_says_otherwise() -> None:
+    """Node.js's default V8 pool of four threads costs each CDK app's jsii kernel about 3 CPU-s more per synth on
+    2 cores; the Makefile asks for one, and a ``--v8-pool-size`` of the caller's own comes later, so it wins."""
+    assert _node_options_under_make(None) == "--v8-pool-size=1"
+    assert _node_options_under_make("--max-old-space-size=2048 --v8-pool-size=3").split() == [
+        "--v8-pool-size=1", "--max-old-space-size=2048", "--v8-pool-size=3"]
+    one, three, default = (_node_threads(options) for options in ("--v8-pool-size=1", "--v8-pool-size=1 "
+                                                                  "--v8-pool-size=3", ""))
+    assert one + 2 == three and one < default  # Node.js reads the option, and the last one wins
