@@ -23,7 +23,10 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from btk.catalog import (
+    ENVIRONMENTS,
     ENVIRONMENTS_FILE,
+    PROFILES,
+    PROJECT_ROOT,
     all_environments,
     all_profiles,
     default_environment_name,
@@ -210,21 +213,29 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     return app
 
 
+def user_config_paths() -> tuple[Path, ...]:
+    """The user's ``environments.py`` and ``profiles/``, which shape the app's pipeline definitions."""
+    return tuple(PROJECT_ROOT / user.path for user in (ENVIRONMENTS, PROFILES))
+
+
 def main() -> int:
     from training_constructs import definition_worker
-    from training_constructs.definition_cache import CACHE_ENV, default_directory
+    from training_constructs.definition_cache import CACHE_ENV, default_directory, record_run, run_key, run_stored
 
-    # Unchanged pipeline definitions are read back instead of importing the SageMaker SDK again;
-    # the others are built by a worker that imports the SDK on another core meanwhile.
+    # Unchanged pipeline definitions are read back instead of importing the SageMaker SDK again; where a run
+    # of the same inputs may need one that is not stored, a worker imports the SDK on another core meanwhile.
     os.environ.setdefault(CACHE_ENV, str(default_directory()))
-    definition_worker.start()
     try:
+        run = run_key(cli_context(), user_config_paths())
+        if not run_stored(run):
+            definition_worker.start()
         app = build_app()
     except BtkError as error:
         print(f"btk: error: {error}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     finally:
         definition_worker.stop()
+    record_run(run)
     app.synth()
     return 0
 

@@ -11,7 +11,16 @@ under a key that covers all three:
 * the source of every module that shapes a definition: ``btk/`` (catalog, hyperparameters,
   naming, metrics) and the builder's own modules in ``training_constructs/``.
 
-Any change to one of them is a new key, built by the SDK again. The cache is used only when
+Any change to one of them is a new key, built by the SDK again.
+
+A run of the CDK app is recorded too (:func:`record_run`): which definitions it looked up, under
+a key of its own (:func:`run_key`: the code fingerprint, the app's context and the bytes of the
+user's ``environments.py`` and ``profiles/``). When a run of the same key finds every one of them
+stored (:func:`run_stored`), ``app.py`` starts no definition worker: importing the SDK in it would
+be three CPU-seconds of work nothing reads. A run whose inputs the key misses looks up other
+definitions and builds those in its own process: slower by the SDK's import, never different.
+
+The cache is used only when
 ``BTK_DEFINITION_CACHE`` names a directory (``app.py``'s ``main`` sets it to
 ``~/.cache/btk/pipeline-definitions``, or under ``XDG_CACHE_HOME``, unless it is set;
 ``off`` disables it). A file that cannot be read or written is rebuilt, never an error, and
@@ -24,9 +33,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -38,8 +48,13 @@ from pydantic import BaseModel
 CACHE_ENV = "BTK_DEFINITION_CACHE"
 #: Distributions whose code builds the definition.
 SDK_DISTRIBUTIONS = ("sagemaker", "sagemaker-core", "sagemaker-train", "sagemaker-mlops", "boto3", "botocore")
-#: Definitions kept in the directory (the newest by modification time).
+#: Definitions kept in the directory (the newest by modification time), and runs in its :data:`RUNS` folder.
 KEEP = 64
+#: The cache's folder of recorded app runs (:func:`record_run`).
+RUNS = "runs"
+_KEY = re.compile(r"[0-9a-f]{64}")
+_looked_up: list[str] = []
+"""The keys :func:`cached_definition` looked up in this process, in order (what :func:`record_run` records)."""
 
 _ROOT = Path(__file__).resolve().parent.parent
 #: Source that shapes a definition besides the spec's values.
@@ -108,7 +123,9 @@ def cached_definition(spec: Any, build: Callable[[Any], str]) -> str:
     directory = cache_directory()
     if directory is None:
         return build(spec)
-    path = directory / f"{cache_key(spec)}.json"
+    key = cache_key(spec)
+    _looked_up.append(key)
+    path = directory / f"{key}.json"
     try:
         stored = path.read_text(encoding="utf-8")
         json.loads(stored)  # a truncated or foreign file is rebuilt
@@ -120,7 +137,44 @@ def cached_definition(spec: Any, build: Callable[[Any], str]) -> str:
     return definition
 
 
-def _store(directory: Path, path: Path, definition: str) -> None:
+def run_key(context: Mapping[str, Any], inputs: Iterable[Path]) -> str:
+    """The key of one run of the CDK app: :func:`code_fingerprint`, the app's ``context`` (the CLI's ``-c`` values
+    and cdk.json's) and the bytes of ``inputs`` (files, or folders: their ``*.py``), each named."""
+    digest = hashlib.sha256(f"{code_fingerprint()}\n{json.dumps(context, sort_keys=True, default=str)}\n".encode())
+    for source in inputs:
+        for path in sorted(source.rglob("*.py")) if source.is_dir() else [source]:
+            try:
+                content = path.read_bytes()
+            except OSError:  # absent or unreadable: the app reports it; the key only has to differ
+                content = b"\0unreadable"
+            digest.update(str(path).encode() + b"\0" + content + b"\0")
+    return digest.hexdigest()
+
+
+def run_stored(run: str) -> bool:
+    """Whether a run of key ``run`` was recorded and every definition it looked up is still stored (then the app
+    needs no SDK). False when the cache is off or the record cannot be read."""
+    directory = cache_directory()
+    if directory is None:
+        return False
+    try:
+        keys = json.loads((directory / RUNS / f"{run}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(keys, list) and all(isinstance(key, str) and _KEY.fullmatch(key) for key in keys)
+            and all((directory / f"{key}.json").is_file() for key in keys))
+
+
+def record_run(run: str) -> None:
+    """Record the definitions looked up since the last record as those of run ``run`` (nothing when the cache is
+    off)."""
+    directory = cache_directory()
+    if directory is not None:
+        _store(directory / RUNS, directory / RUNS / f"{run}.json", json.dumps(_looked_up))
+    _looked_up.clear()
+
+
+def _store(directory: Path, path: Path, text: str) -> None:
     """Write atomically (another synth may read it at the same time), then keep the newest :data:`KEEP`.
 
     Any failure (a read-only or full disk) leaves the cache as it was: no half-written file.
@@ -130,7 +184,7 @@ def _store(directory: Path, path: Path, definition: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as handle:
             temporary = Path(handle.name)
-            handle.write(definition)
+            handle.write(text)
         os.replace(temporary, path)
         temporary = None
         stored = sorted(directory.glob("*.json"), key=lambda entry: entry.stat().st_mtime, reverse=True)

@@ -150,3 +150,104 @@ def test_the_sdk_definition_is_stored_and_read_back_unchanged(cache_dir: Path) -
 def test_default_directory_follows_xdg() -> None:
     assert default_directory({"XDG_CACHE_HOME": "/c"}) == Path("/c/btk/pipeline-definitions")
     assert default_directory({}).parts[-3:] == (".cache", "btk", "pipeline-definitions")
+
+
+@pytest.fixture
+def fresh_lookups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's lookups start empty (as a new app process's do)."""
+    monkeypatch.setattr(definition_cache, "_looked_up", [])
+
+
+def test_a_run_is_stored_while_every_definition_it_looked_up_is(cache_dir: Path, fresh_lookups: None) -> None:
+    build = CountingBuild()
+    cached_definition(_spec(), build)
+    cached_definition(_spec(volume_size_gb=600), build)
+    run = definition_cache.run_key({"env": "dev"}, [])
+    assert not definition_cache.run_stored(run)  # never recorded
+    definition_cache.record_run(run)
+    assert json.loads((cache_dir / definition_cache.RUNS / f"{run}.json").read_text()) == [
+        cache_key(_spec()), cache_key(_spec(volume_size_gb=600))]
+    assert definition_cache.run_stored(run)
+    (cache_dir / f"{cache_key(_spec(volume_size_gb=600))}.json").unlink()  # pruned, say
+    assert not definition_cache.run_stored(run)
+
+
+def test_a_run_that_looked_up_nothing_is_stored(cache_dir: Path, fresh_lookups: None) -> None:
+    """An app run without pipelines (the boundary's, say) needs no SDK either."""
+    run = definition_cache.run_key({"boundary": "dev"}, [])
+    definition_cache.record_run(run)
+    assert definition_cache.run_stored(run)
+
+
+@pytest.mark.parametrize("record", ["not json", '{"a": 1}', '["../../etc/passwd"]', "[1]"])
+def test_a_damaged_or_foreign_run_record_is_not_stored(cache_dir: Path, record: str) -> None:
+    run = definition_cache.run_key({}, [])
+    (cache_dir / definition_cache.RUNS).mkdir(parents=True)
+    (cache_dir / definition_cache.RUNS / f"{run}.json").write_text(record)
+    assert not definition_cache.run_stored(run)
+
+
+def test_with_the_cache_off_no_run_is_stored_or_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          fresh_lookups: None) -> None:
+    monkeypatch.setenv(CACHE_ENV, "off")
+    monkeypatch.chdir(tmp_path)
+    run = definition_cache.run_key({}, [])
+    definition_cache.record_run(run)
+    assert not definition_cache.run_stored(run) and list(tmp_path.iterdir()) == []
+
+
+def test_the_run_key_changes_with_the_context_the_user_config_and_the_code(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    environments, profiles = tmp_path / "environments.py", tmp_path / "profiles"
+    environments.write_text("ENVIRONMENTS = ()\n")
+    profiles.mkdir()
+    (profiles / "llama.py").write_text("PROFILES = ()\n")
+    inputs = [environments, profiles]
+    base = definition_cache.run_key({"env": "dev"}, inputs)
+    assert definition_cache.run_key({"env": "dev"}, inputs) == base
+    keys = {definition_cache.run_key({"env": "staging"}, inputs), definition_cache.run_key({}, inputs)}
+    environments.write_text("ENVIRONMENTS = ()  # edited\n")
+    keys.add(definition_cache.run_key({"env": "dev"}, inputs))
+    (profiles / "qwen.py").write_text("PROFILES = ()\n")
+    keys.add(definition_cache.run_key({"env": "dev"}, inputs))
+    environments.unlink()
+    keys.add(definition_cache.run_key({"env": "dev"}, inputs))
+    monkeypatch.setattr(definition_cache, "code_fingerprint", lambda: "other code")
+    keys.add(definition_cache.run_key({"env": "dev"}, inputs))
+    assert len(keys) == 6 and base not in keys
+
+
+def test_the_app_starts_the_definition_worker_only_for_a_run_not_stored(
+        cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_lookups: None) -> None:
+    """``app.py``'s main: the first run and a run after the user's config changed start the worker; a run of the
+    same inputs whose definitions are all stored does not (the worker would import the SDK for nothing)."""
+    import app
+    from training_constructs import definition_worker
+
+    profile = tmp_path / "profiles.py"
+    profile.write_text("PROFILES = ()\n")
+    started: list[bool] = []
+    built: list[int] = []
+    build = CountingBuild()
+
+    class FakeApp:
+        def synth(self) -> None:
+            built.append(build.calls)
+
+    def build_app() -> FakeApp:
+        cached_definition(_spec(), build)
+        return FakeApp()
+
+    monkeypatch.setattr(app, "build_app", build_app)
+    monkeypatch.setattr(app, "user_config_paths", lambda: (profile,))
+    monkeypatch.setattr(definition_worker, "start", lambda: started.append(True))
+    monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({"env": "dev"}))
+    runs = []
+    for edit in (None, None, "PROFILES = ()  # edited\n", None):
+        if edit:
+            profile.write_text(edit)
+        started.clear()
+        assert app.main() == 0
+        runs.append(bool(started))
+    assert runs == [True, False, True, False]
+    assert built == [1, 1, 1, 1]  # every definition after the first read back from the cache
