@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
+from btk.bootstrap import BOUNDARY_CONTEXT
 from btk.catalog import (
     ENVIRONMENTS,
     ENVIRONMENTS_FILE,
@@ -176,7 +177,7 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     app_context = None if from_cli else dict(context)
     env_config = load_environment(context)
     refuse_an_unrehearsed_purchase(env_config, context)
-    from stacks.boundary_stack import BOUNDARY_CONTEXT, add_boundary_stack
+    from stacks.boundary_stack import add_boundary_stack
     from training_constructs.nag import apply_nag
 
     if context.get(BOUNDARY_CONTEXT):
@@ -224,10 +225,12 @@ def main() -> int:
 
     # Unchanged pipeline definitions are read back instead of importing the SageMaker SDK again; where a run
     # of the same inputs may need one that is not stored, a worker imports the SDK on another core meanwhile.
+    # The boundary's app (-c boundary=<env>) builds no pipeline.
     os.environ.setdefault(CACHE_ENV, str(default_directory()))
     try:
-        run = run_key(cli_context(), user_config_paths())
-        if not run_stored(run):
+        context = cli_context()
+        run = run_key(context, user_config_paths())
+        if not context.get(BOUNDARY_CONTEXT) and not run_stored(run):
             definition_worker.start()
         app = build_app()
     except BtkError as error:

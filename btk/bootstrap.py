@@ -26,6 +26,8 @@ from btk.environment import EnvironmentConfig
 
 #: The CDK CLI the project pins (package.json), run from the project's own node_modules when present.
 LOCAL_CDK = Path("node_modules") / ".bin" / "cdk"
+#: Context key selecting the environment whose boundary ``app.py`` synthesizes: ``-c boundary=<env>``.
+BOUNDARY_CONTEXT = "boundary"
 
 
 def partition_of(region: str) -> str:
@@ -73,8 +75,9 @@ def bootstrap_commands(env: EnvironmentConfig, account: str, *, cdk: str = "npx 
     cli = tuple(cdk.split())
     quiet = ("--no-notices",)
     assembly = boundary_assembly_dir(env)
-    boundary = (*cli, "deploy", boundary_stack_name(env), "-c", f"boundary={env.name}", "-c", f"account={account}",
-                "-o", assembly, *quiet, *(("--require-approval", "never") if approve else ()))
+    boundary = (*cli, "deploy", boundary_stack_name(env), "-c", f"{BOUNDARY_CONTEXT}={env.name}",
+                "-c", f"account={account}", "-o", assembly, *quiet,
+                *(("--require-approval", "never") if approve else ()))
     bootstrap = (
         *cli, "bootstrap", f"aws://{account}/{env.region}",
         "--qualifier", env.bootstrap_qualifier,

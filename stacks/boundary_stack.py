@@ -40,7 +40,7 @@ from aws_cdk import App, CfnOutput, Environment, LegacyStackSynthesizer, Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct, IConstruct
 
-from btk.bootstrap import boundary_policy_name, boundary_stack_name
+from btk.bootstrap import BOUNDARY_CONTEXT, boundary_policy_name, boundary_stack_name
 from btk.environment import EnvironmentConfig, job_log_groups_owner
 from btk.errors import BtkError
 from training_constructs.nag import acknowledge
@@ -236,10 +236,6 @@ def policy_size(statements: Sequence[iam.PolicyStatement]) -> int:
     document = {"Version": "2012-10-17", "Statement": [statement.to_statement_json() for statement in statements]}
     text = re.sub(r"\$\{Token\[[^\]]*\]\}", "aws-us-gov", json.dumps(document, separators=(",", ":")))
     return len(text)
-
-
-#: Context key selecting the environment whose boundary ``app.py`` synthesizes: ``-c boundary=<env>``.
-BOUNDARY_CONTEXT = "boundary"
 
 
 def add_boundary_stack(

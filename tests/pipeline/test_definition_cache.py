@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from test_pipeline_definition import _spec
 
+from btk.bootstrap import BOUNDARY_CONTEXT
 from btk.knobs import TrainingKnobs
 from training_constructs import definition_cache
 from training_constructs.definition_cache import CACHE_ENV, cache_key, cached_definition, default_directory
@@ -251,3 +252,10 @@ def test_the_app_starts_the_definition_worker_only_for_a_run_not_stored(
         runs.append(bool(started))
     assert runs == [True, False, True, False]
     assert built == [1, 1, 1, 1]  # every definition after the first read back from the cache
+    # The boundary's app builds no pipeline: no worker, even for a run never recorded and with the cache off.
+    monkeypatch.setattr(app, "build_app", FakeApp)
+    for cache in (str(cache_dir), "off"):
+        monkeypatch.setenv(CACHE_ENV, cache)
+        monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({"env": "dev", BOUNDARY_CONTEXT: "dev"}))
+        started.clear()
+        assert app.main() == 0 and not started
