@@ -142,10 +142,14 @@ def run_key(context: Mapping[str, Any], inputs: Iterable[Path]) -> str:
     and cdk.json's) and the bytes of ``inputs`` (files, or folders: their ``*.py``), each named."""
     digest = hashlib.sha256(f"{code_fingerprint()}\n{json.dumps(context, sort_keys=True, default=str)}\n".encode())
     for source in inputs:
-        for path in sorted(source.rglob("*.py")) if source.is_dir() else [source]:
+        try:
+            paths = sorted(source.rglob("*.py")) if source.is_dir() else [source]
+        except OSError:  # a folder that cannot be listed: the app reports it; the key only has to differ
+            paths = [source]
+        for path in paths:
             try:
                 content = path.read_bytes()
-            except OSError:  # absent or unreadable: the app reports it; the key only has to differ
+            except OSError:  # absent or unreadable, likewise
                 content = b"\0unreadable"
             digest.update(str(path).encode() + b"\0" + content + b"\0")
     return digest.hexdigest()

@@ -217,6 +217,12 @@ def test_the_run_key_changes_with_the_context_the_user_config_and_the_code(tmp_p
     keys.add(definition_cache.run_key({"env": "dev"}, inputs))
     assert len(keys) == 6 and base not in keys
 
+    def unlistable(self: Path, pattern: str) -> Any:
+        raise OSError(40, "Too many levels of symbolic links")
+
+    monkeypatch.setattr(Path, "rglob", unlistable)  # a folder that cannot be listed still gives a key
+    assert definition_cache.run_key({"env": "dev"}, inputs) not in keys
+
 
 def test_the_app_starts_the_definition_worker_only_for_a_run_not_stored(
         cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_lookups: None) -> None:
