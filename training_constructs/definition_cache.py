@@ -92,9 +92,26 @@ def _canonical(value: Any) -> Any:
     raise TypeError(f"cannot key a pipeline definition on a {type(value).__name__}")
 
 
-def _source_files() -> Iterator[Path]:
-    for source in _SOURCES:
-        yield from sorted(source.rglob("*.py")) if source.is_dir() else [source]
+def _source_files(sources: Iterable[Path] = _SOURCES) -> Iterator[Path]:
+    """Each of ``sources`` that is a file, and the ``*.py`` under each folder (the folder itself when it cannot be
+    listed: reading it then fails, and :func:`_digest_files` keys that)."""
+    for source in sources:
+        try:
+            yield from sorted(source.rglob("*.py")) if source.is_dir() else [source]
+        except OSError:
+            yield source
+
+
+def _digest_files(digest: Any, sources: Iterable[Path]) -> None:
+    """Add each file of :func:`_source_files` to ``digest``: its name (relative to the project where it is inside)
+    and its bytes, or a marker where it cannot be read (absent: the app reports it; the key only has to differ)."""
+    for path in _source_files(sources):
+        try:
+            content = path.read_bytes()
+        except OSError:
+            content = b"\0unreadable"
+        name = path.relative_to(_ROOT) if path.is_relative_to(_ROOT) else path
+        digest.update(str(name).encode() + b"\0" + content + b"\0")
 
 
 @cache
@@ -107,8 +124,7 @@ def code_fingerprint() -> str:
         except metadata.PackageNotFoundError:
             version = "absent"
         digest.update(f"{name}=={version}\n".encode())
-    for path in _source_files():
-        digest.update(str(path.relative_to(_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    _digest_files(digest, _SOURCES)
     return digest.hexdigest()
 
 
@@ -141,17 +157,7 @@ def run_key(context: Mapping[str, Any], inputs: Iterable[Path]) -> str:
     """The key of one run of the CDK app: :func:`code_fingerprint`, the app's ``context`` (the CLI's ``-c`` values
     and cdk.json's) and the bytes of ``inputs`` (files, or folders: their ``*.py``), each named."""
     digest = hashlib.sha256(f"{code_fingerprint()}\n{json.dumps(context, sort_keys=True, default=str)}\n".encode())
-    for source in inputs:
-        try:
-            paths = sorted(source.rglob("*.py")) if source.is_dir() else [source]
-        except OSError:  # a folder that cannot be listed: the app reports it; the key only has to differ
-            paths = [source]
-        for path in paths:
-            try:
-                content = path.read_bytes()
-            except OSError:  # absent or unreadable, likewise
-                content = b"\0unreadable"
-            digest.update(str(path).encode() + b"\0" + content + b"\0")
+    _digest_files(digest, inputs)
     return digest.hexdigest()
 
 
