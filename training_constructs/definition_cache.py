@@ -24,11 +24,12 @@ The cache is used only when
 ``BTK_DEFINITION_CACHE`` names a directory (``app.py``'s ``main`` sets it to
 ``~/.cache/btk/pipeline-definitions``, or under ``XDG_CACHE_HOME``, unless it is set;
 ``off`` disables it). A file that cannot be read or written is rebuilt, never an error, and
-the directory keeps the newest :data:`KEEP` definitions.
+the directory keeps the :data:`KEEP` definitions most recently built or read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -48,7 +49,8 @@ from pydantic import BaseModel
 CACHE_ENV = "BTK_DEFINITION_CACHE"
 #: Distributions whose code builds the definition.
 SDK_DISTRIBUTIONS = ("sagemaker", "sagemaker-core", "sagemaker-train", "sagemaker-mlops", "boto3", "botocore")
-#: Definitions kept in the directory (the newest by modification time), and runs in its :data:`RUNS` folder.
+#: Definitions kept in the directory (the most recently built or read, by modification time), and runs in its
+#: :data:`RUNS` folder.
 KEEP = 64
 #: The cache's folder of recorded app runs (:func:`record_run`).
 RUNS = "runs"
@@ -145,9 +147,11 @@ def cached_definition(spec: Any, build: Callable[[Any], str]) -> str:
     try:
         stored = path.read_text(encoding="utf-8")
         json.loads(stored)  # a truncated or foreign file is rebuilt
-        return stored
     except (OSError, ValueError):
         pass
+    else:
+        _touch(path)
+        return stored
     definition = build(spec)
     _store(directory, path, definition)
     return definition
@@ -182,6 +186,12 @@ def record_run(run: str) -> None:
     if directory is not None:
         _store(directory / RUNS, directory / RUNS / f"{run}.json", json.dumps(_looked_up))
     _looked_up.clear()
+
+
+def _touch(path: Path) -> None:
+    """Mark a stored definition as just used: pruning keeps the most recently used, not the most recently built."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def _store(directory: Path, path: Path, text: str) -> None:

@@ -142,6 +142,21 @@ def test_only_the_newest_entries_are_kept(cache_dir: Path, monkeypatch: pytest.M
     assert not list(cache_dir.glob("*.tmp"))
 
 
+def test_a_definition_read_back_is_kept_before_one_built_later_and_not_read(cache_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pruning keeps the most recently used: the oldest entry, read again, outlives a newer one nobody read."""
+    monkeypatch.setattr(definition_cache, "KEEP", 2)
+    build = CountingBuild()
+    used, unused, latest = (_spec(volume_size_gb=size) for size in (501, 502, 503))
+    for age, spec in ((100, used), (200, unused)):
+        cached_definition(spec, build)
+        os.utime(cache_dir / f"{cache_key(spec)}.json", (age, age))  # built long ago, the used one first
+    assert cached_definition(used, build) == json.dumps({"profile": used.profile.name, "call": 1})
+    cached_definition(latest, build)
+    assert sorted(path.stem for path in cache_dir.glob("*.json")) == sorted((cache_key(used), cache_key(latest)))
+    assert build.calls == 3
+
+
 def test_the_sdk_definition_is_stored_and_read_back_unchanged(cache_dir: Path) -> None:
     built = build_pipeline_definition(_spec())
     assert json.loads((cache_dir / f"{cache_key(_spec())}.json").read_text()) == json.loads(built)
