@@ -28,9 +28,10 @@ Model (per GPU, per optimizer step):
   bandwidth, not by tensor cores. Its bytes are counted per token
   (:func:`elementwise_bytes_per_token`): per layer and pass, ``10·h + 2·a + 2·kv + 3·f``
   bf16 elements read or written (two norms, two residual adds, RoPE on q and k, SwiGLU),
-  nothing more for a QK-norm (OLMo 2, Qwen3): compiled, it fuses with RoPE, which reads and
-  writes the same queries and keys; three passes (forward, and a backward that reads and
-  writes about twice as much) plus one for recompute, and the loss's logits (8 bytes per
+  nothing more for a QK-norm (OLMo 2, Qwen3): compiled, it can fuse with RoPE, which reads and
+  writes the same queries and keys (docs/calibration.md: the published OLMo 2 runs do not tell
+  the two counts apart); three passes (forward, and a backward that reads and writes about
+  twice as much) plus one for recompute, and the loss's logits (8 bytes per
   vocabulary entry fused, 30 for an eager fp32 cross-entropy). They scale with the model's
   *width* (``h``, ``f``), while matmul FLOPs scale with its square, so a wide model spends a
   smaller share of its step here.
