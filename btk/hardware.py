@@ -250,9 +250,9 @@ CALIBRATION_DOC = "btk calibration, docs/calibration.md"
 CALIBRATION_FIT = "benchmarks/calibrate.py fit to the published runs of docs/calibration.md (this GPU's family)"
 ATTENTION_ASSUMED_HOPPER = "assumed equal to Hopper's fit: no published B200 run varies the sequence length"
 HOPPER_FIT: dict[str, Fact] = {
-    "achieved_matmul_fraction": Fact(0.6677, CALIBRATION_FIT, "2026-12"),
-    "non_matmul_overhead": Fact(1.494, CALIBRATION_FIT, "2026-12"),
-    "attention_efficiency": Fact(0.2562, CALIBRATION_FIT, "2026-12"),
+    "achieved_matmul_fraction": Fact(0.6744, CALIBRATION_FIT, "2026-12"),
+    "non_matmul_overhead": Fact(1.49, CALIBRATION_FIT, "2026-12"),
+    "attention_efficiency": Fact(0.254, CALIBRATION_FIT, "2026-12"),
 }
 """The Hopper family's fitted efficiency (H100 and H200 share it; B200 borrows its attention efficiency)."""
 
@@ -268,8 +268,8 @@ B200 = GpuSpec(
         "mxfp8": Fact(4500.0, NVIDIA_B200_DATASHEET, "2025-03"),
     },
     nvlink_gbps_per_direction=Fact(900.0, "NVLink 5: 1.8 TB/s bidirectional per GPU", "2025-03"),
-    achieved_matmul_fraction=Fact(0.549, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.022, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.5562, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.019, CALIBRATION_FIT, "2026-12"),
     attention_efficiency=Fact(HOPPER_FIT["attention_efficiency"].value, ATTENTION_ASSUMED_HOPPER, "2026-12"),
     compute_capability=(10, 0),
 )
@@ -371,9 +371,9 @@ A100_80GB = GpuSpec(
     hbm_bandwidth_tbps=Fact(2.039, NVIDIA_A100_DATASHEET, "2023-06"),
     dense_tflops={"bf16": Fact(312.0, NVIDIA_A100_DATASHEET, "2023-06")},
     nvlink_gbps_per_direction=Fact(300.0, "NVLink 3: 600 GB/s bidirectional per GPU", "2023-06"),
-    achieved_matmul_fraction=Fact(0.8342, CALIBRATION_FIT, "2026-12"),
-    non_matmul_overhead=Fact(1.116, CALIBRATION_FIT, "2026-12"),
-    attention_efficiency=Fact(0.359, CALIBRATION_FIT, "2026-12"),
+    achieved_matmul_fraction=Fact(0.8304, CALIBRATION_FIT, "2026-12"),
+    non_matmul_overhead=Fact(1.105, CALIBRATION_FIT, "2026-12"),
+    attention_efficiency=Fact(0.3611, CALIBRATION_FIT, "2026-12"),
     compute_capability=(8, 0),
 )
 

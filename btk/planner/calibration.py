@@ -82,8 +82,8 @@ FAMILIES = tuple(family for family in GPU_FAMILIES if family not in ASSUMED_FROM
 ATTENTION_FAMILY = {"hopper": "hopper", "blackwell": "hopper", "ampere": "ampere"}
 """Whose attention efficiency a family uses: no published B200 run varies the sequence length."""
 ATTENTION_FAMILIES = tuple(dict.fromkeys(ATTENTION_FAMILY.values()))
-MEGATRON_ENGINE = 1.514
-B200_POWER_LIMIT = 0.6064
+MEGATRON_ENGINE = 1.501
+B200_POWER_LIMIT = 0.5994
 
 
 @dataclass(frozen=True)

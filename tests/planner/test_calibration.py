@@ -11,7 +11,7 @@ conformal quantile of those errors at 80 % coverage, the question's regime weigh
 * the full fit predicts every run within 30 % (the worst, llm-foundry's MPT-30B at 8k on 8
   A100s, runs a quarter slower than its 2k twin for a reason the table does not give);
 * the held-out runs, which no fit sees, within a median 10 % and at worst 21 % (the worst, Megatron's 70B on 64
-  GB200s, +20.8 %: GB200 is predicted with B200's fitted constants, and no published Blackwell run of a 70B model
+  GB200s, +20.6 %: GB200 is predicted with B200's fitted constants, and no published Blackwell run of a 70B model
   is fitted);
 * the stored bands are the fit's, ``docs/calibration.md`` prints them and their own
   calibration, a question gets its regime's band (or, outside the evidence, none, saying how far
