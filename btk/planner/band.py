@@ -233,7 +233,7 @@ def residuals_of(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
 
     Every instance type the planner answers for runs its GPUs at full power. The power-limit factor
     (``calibration.power_limit``) is pinned by those runs' source alone, so a fit without that source cannot
-    know it and misses them by the factor (+67 % to +95 % on torchao's B200s): their leave-source-out error
+    know it and misses them by the factor (+69 % to +98 % on torchao's B200s): their leave-source-out error
     measures the factor's absence, not the error of any question asked. They stay in the fit.
     """
     from btk.planner.calibration import source_of

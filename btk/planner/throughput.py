@@ -115,7 +115,7 @@ class ThroughputConstants:
 
     Attributes:
         eager_overhead_factor: non-matmul time without ``torch.compile`` relative to compiled;
-            fitted to torchtitan's eager vs compiled runs of one configuration (8 and 128 H100s).
+            fitted to the eager and compiled twins of torchtitan's runs (8 and 128 H100s, and 32 on p5).
         gemm_half_efficiency: GEMM output size ``S₀`` (tokens × hidden / TP) at which a
             GEMM reaches half the GPU's calibrated fraction; fitted across micro-batches
             1, 2 and 12 and tensor parallelism 1 and 8.
