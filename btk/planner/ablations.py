@@ -6,7 +6,8 @@ An ablation is two runs of one source on the same model, system, node count and 
 eager. Its gain is the variant's tokens/s over the baseline's. The model's gain is shown twice: by the fit to
 every run, and by the fit that never saw the source (leave-source-out, ``calibration.leave_source_out``): the
 second is the test of the model's shape-dependent float8 and compile terms (``throughput``: float8 GEMMs need
-larger outputs to reach the calibrated rate, casts cost by ``in x out``; eager adds element-wise traffic).
+larger outputs to reach the calibrated rate, casts cost by ``in + out`` per token against the GEMM's ``in x out``;
+eager adds element-wise traffic).
 ``benchmarks/calibrate.py`` prints the table and ``docs/calibration.md`` holds it (tested).
 """
 
