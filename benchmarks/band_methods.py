@@ -1,27 +1,31 @@
-"""The planner's error band against a locally weighted alternative, on the same leave-source-out residuals.
+"""The planner's error band against alternatives, on the same leave-source-out residuals.
 
-The planner's band (``btk.planner.band``) is a weighted conformal quantile of the residuals themselves: every
-question of one GPU family gets the family's band when the neighbour weight is 1.0, which the data chose. A
-*locally weighted* conformal band (Lei, G'Sell, Rinaldo, Tibshirani and Wasserman, "Distribution-free predictive
-inference for regression", JASA 2018, section 5.2) scales each residual by an estimate of its regime's error
-before taking the quantile: the score of a run is ``|error| / scale(its regime)``, the band of a question is the
-80 % quantile of the scores times ``scale(the question's regime)``. Where regimes differ in error, its bands
-follow them: narrow where the model is good, wide where it is not, at the same coverage.
+The planner's band (``btk.planner.band``) is *locally weighted* conformal (Lei, G'Sell, Rinaldo, Tibshirani and
+Wasserman, "Distribution-free predictive inference for regression", JASA 2018, section 5.2): each residual is divided by
+an estimate of its regime's error, the weighted mean absolute residual of the other sources' runs, and the band of a
+question is the 80 % quantile of those scores times the error of the question's regime. The alternatives:
 
-The scale of a regime is the weighted mean, median or root-mean-square of the absolute residuals of the other runs,
-weighted as the planner weighs them (:class:`btk.planner.band.Weights`), or a regression on the regime's own
-description: the logarithm of the absolute residual fitted by ridge least squares on the GPU family, the size bin, a
-long sequence and several nodes (:func:`covariate_scale`; the ridge shrinks every term but the intercept, so a
-regime with few runs stays near one pooled scale), which lets a regime borrow what a dimension does to the error
-from every family that has runs on both sides of it. A last scale is not the regime's at all but the question's own:
-the spread of the fits (:func:`fit_spreads`), how far its prediction moves between fits that each leave out one more
-source (a jackknife over sources), with a pooled floor beside it (from a grid, chosen as the weights are): wide
-where one source pins the prediction, narrow where many agree. All are checked the same way: each source is left out
-in turn, its runs are scored against bands (and scales) built without it, and the share inside is the coverage; the
-weights of each weighted method are those of the grid closest to the target, overall plus the mean over regimes of
-at least five runs (the planner's own rule).
+* the same band with the regime's error as the weighted median or root-mean-square of the residuals;
+* the *pooled* weighted conformal quantile of the residuals themselves (Tibshirani, Barber, Candes and Ramdas,
+  "Conformal prediction under covariate shift", NeurIPS 2019; :func:`pooled_band`): runs weighted as the planner
+  weighs them, the band the smallest residual below which 80 % of the weight lies, the question weighing 1 at
+  infinity; a family whose own runs cannot reach 80 % borrows the other families' at the least weight of the grid
+  that does;
+* a regression of the regime's error on its description: the logarithm of the absolute residual fitted by ridge least
+  squares on the GPU family, the size bin, a long sequence and several nodes (:func:`covariate_scale`; the ridge
+  shrinks every term but the intercept, so a regime with few runs stays near one pooled scale), which lets a regime
+  borrow what a dimension does to the error from every family that has runs on both sides of it;
+* not the regime's error at all but the question's own: the spread of the fits (:func:`fit_spreads`), how far its
+  prediction moves between fits that each leave out one more source (a jackknife over sources), with a pooled floor
+  beside it (from a grid, chosen as the weights are): wide where one source pins the prediction, narrow where many
+  agree.
 
-Run: ``.venv/bin/python benchmarks/band_methods.py`` (about three minutes on one core). It prints, per method, the
+All are checked the same way: each source is left out in turn, its runs are scored against bands (and scales) built
+without it, and the share inside is the coverage; the weights of each weighted method are those of the grid closest
+to the target, overall plus the mean over regimes of at least five runs (the planner's own rule), and, where they
+differ, those of the least ratio of median band to median error.
+
+Run: ``.venv/bin/python benchmarks/band_methods.py`` (under a minute on one core). It prints, per method, the
 coverage overall, its range over the regimes of at least five runs, the median band, the median error, their ratio,
 and how closely the bands follow the errors (:func:`scale_tracking`: the rank correlation of each run's band with
 its absolute error); ``docs/calibration.md`` quotes the table. Then two bounds on what any band can show on these
@@ -42,6 +46,7 @@ from typing import TypeVar
 import numpy as np
 
 from btk.planner.band import (
+    ERROR_FLOOR,
     NEIGHBOUR_WEIGHTS,
     NODE_BINS,
     OTHER_FAMILY_WEIGHTS,
@@ -51,13 +56,16 @@ from btk.planner.band import (
     TARGET_COVERAGE,
     Regime,
     Residual,
+    Statistic,
     Weights,
     band_calibration,
     binomial_chance,
     coverage_gaps,
+    split_conformal_quantile,
     stored_residuals,
     stored_summary,
     stored_weights,
+    weighted_mean,
 )
 from btk.planner.calibration import (
     CalibrationPoint,
@@ -67,15 +75,6 @@ from btk.planner.calibration import (
     predict_tokens_per_second,
     source_of,
 )
-
-Scale = Callable[[Sequence[tuple[float, float]]], float]
-"""A regime's error from (absolute residual, weight) pairs."""
-SCALE_FLOOR = 0.005
-"""The least scale (0.5 %): a regime whose neighbours were all predicted exactly still gets a band."""
-
-
-def _mean(pairs: Sequence[tuple[float, float]]) -> float:
-    return sum(error * weight for error, weight in pairs) / sum(weight for _, weight in pairs)
 
 
 def _rms(pairs: Sequence[tuple[float, float]]) -> float:
@@ -91,32 +90,41 @@ def _median(pairs: Sequence[tuple[float, float]]) -> float:
     return max(error for error, _ in pairs)
 
 
-SCALES: dict[str, Scale] = {"mean": _mean, "median": _median, "rms": _rms}
+STATISTICS: dict[str, Statistic] = {"mean": weighted_mean, "median": _median, "rms": _rms}
+"""The regime errors tried: the planner's weighted mean, and the weighted median and root-mean-square."""
 
 
-def regime_scale(question: Regime, runs: Sequence[Residual], weights: Weights, scale: Scale) -> float:
-    """The error of ``question``'s regime estimated from ``runs``; every run alike where the weights give none."""
-    pairs = [(abs(run.error), weights.of(question, run.regime)) for run in runs]
-    pairs = [(error, weight) for error, weight in pairs if weight > 0] or [(abs(run.error), 1.0) for run in runs]
-    return max(scale(pairs), SCALE_FLOOR)
+def _pooled_quantile(question: Regime, residuals: Sequence[Residual], weights: Weights, target: float) -> float | None:
+    weighted = sorted((abs(run.error), weights.of(question, run.regime)) for run in residuals)
+    total = sum(weight for _, weight in weighted) + 1.0  # the question's own point, at infinity
+    reached = 0.0
+    for error, weight in weighted:
+        reached += weight
+        if reached / total >= target - 1e-12:
+            return error
+    return None
 
 
-def _quantile(scores: Sequence[float], target: float) -> float:
-    """The split-conformal quantile: the ceil((n + 1) x target)-th smallest of n scores."""
-    ordered, rank = sorted(scores), math.ceil((len(scores) + 1) * target)
-    return ordered[rank - 1] if rank <= len(ordered) else math.inf
+def pooled_band(question: Regime, residuals: Sequence[Residual], weights: Weights,
+                target: float = TARGET_COVERAGE) -> float | None:
+    """The pooled weighted conformal quantile of ``residuals`` for ``question`` (see the module docstring)."""
+    band = _pooled_quantile(question, residuals, weights, target)
+    for heavier in (weight for weight in OTHER_FAMILY_WEIGHTS if weight > weights.other_family):
+        if band is not None:
+            break
+        band = _pooled_quantile(question, residuals, Weights(weights.neighbour, heavier), target)
+    return band
 
 
-def locally_weighted_calibration(residuals: Sequence[Residual], weights: Weights, scale: Scale,
-                                 target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
-    """Each run against the locally weighted band of its regime, built without its source."""
-    checked: list[tuple[Residual, float | None]] = []
-    for run in residuals:
-        others = [r for r in residuals if r.source != run.source]
-        scores = [abs(r.error) / regime_scale(r.regime, [o for o in others if o.source != r.source], weights, scale)
-                  for r in others]
-        checked.append((run, _quantile(scores, target) * regime_scale(run.regime, others, weights, scale)))
-    return checked
+def pooled_calibration(residuals: Sequence[Residual], weights: Weights,
+                       target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
+    """Each run against the pooled band of its regime, built without its source."""
+    return [(run, pooled_band(run.regime, [r for r in residuals if r.source != run.source], weights, target))
+            for run in residuals]
+
+
+def _scaled(quantile: float | None, scale: float) -> float | None:
+    return None if quantile is None else quantile * scale
 
 
 COVARIATE_RIDGE = 1.0
@@ -133,17 +141,17 @@ def _covariates(regime: Regime, families: Sequence[str]) -> list[float]:
 
 def covariate_scale(runs: Sequence[Residual], ridge: float = COVARIATE_RIDGE) -> Callable[[Regime], float]:
     """The error of any regime as a log-linear function of its description, fitted on ``runs`` (see the module
-    docstring); never below :data:`SCALE_FLOOR`."""
+    docstring); never below :data:`ERROR_FLOOR`."""
     families = sorted({run.regime.family for run in runs})
     design = np.array([_covariates(run.regime, families) for run in runs])
-    target = np.log(np.maximum(np.abs([run.error for run in runs]), SCALE_FLOOR))
+    target = np.log(np.maximum(np.abs([run.error for run in runs]), ERROR_FLOOR))
     penalty = ridge * np.diag([0.0] + [1.0] * (design.shape[1] - 1))
     coefficients = np.linalg.solve(design.T @ design + penalty, design.T @ target)
 
     def scale(regime: Regime) -> float:
         known = regime.family in families
         covariates = _covariates(regime, families) if known else [1.0, *[0.0] * (design.shape[1] - 1)]
-        return max(math.exp(float(np.dot(covariates, coefficients))), SCALE_FLOOR)
+        return max(math.exp(float(np.dot(covariates, coefficients))), ERROR_FLOOR)
 
     return scale
 
@@ -159,7 +167,8 @@ def covariate_calibration(residuals: Sequence[Residual], target: float = TARGET_
     for run in residuals:
         others = [r for r in residuals if r.source != run.source]
         scores = [abs(r.error) / scales[frozenset((run.source, r.source))](r.regime) for r in others]
-        checked.append((run, _quantile(scores, target) * scales[frozenset((run.source,))](run.regime)))
+        checked.append((run, _scaled(split_conformal_quantile(scores, target),
+                                     scales[frozenset((run.source,))](run.regime))))
     return checked
 
 
@@ -207,12 +216,12 @@ def spread_calibration(residuals: Sequence[Residual], spreads: Mapping[str, floa
     is built without its own source; the spreads of the runs scored for a band include fits that saw the banded
     run's source (the scores would otherwise need a fit per triple of sources)."""
     def scale(run: Residual) -> float:
-        return max(math.hypot(floor, spreads[run.id]), SCALE_FLOOR)
+        return max(math.hypot(floor, spreads[run.id]), ERROR_FLOOR)
 
     checked: list[tuple[Residual, float | None]] = []
     for run in residuals:
         scores = [abs(other.error) / scale(other) for other in residuals if other.source != run.source]
-        checked.append((run, _quantile(scores, target) * scale(run)))
+        checked.append((run, _scaled(split_conformal_quantile(scores, target), scale(run))))
     return checked
 
 
@@ -297,17 +306,26 @@ def main() -> None:
     print("| method | coverage | regimes of 5+ runs | median band | median error | band / error | band ~ error |")
     print("|---|---|---|---|---|---|---|")
     planners = stored_weights(stored_summary())
-    print(row(f"the planner's: weighted conformal quantile of the residuals ({named(planners)})",
-              band_calibration(residuals, planners)))
     grid = [Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMILY_WEIGHTS]
-    for name, scale in SCALES.items():
-        runs = {weights: locally_weighted_calibration(residuals, weights, scale) for weights in grid}
-        best = min(grid, key=lambda weights: (round(gap(runs[weights]), 9), summary(runs[weights])[3]))
+
+    def best_of(name: str, calibrate: Callable[[Weights], list[tuple[Residual, float | None]]],
+                chosen: Weights | None = None) -> None:
+        runs = {weights: calibrate(weights) for weights in grid}
+        best = chosen or min(grid, key=lambda weights: (round(gap(runs[weights]), 9), summary(runs[weights])[3]))
         narrowest = min(grid, key=lambda weights: summary(runs[weights])[3] / summary(runs[weights])[4])
-        print(row(f"locally weighted, {name} error of the regime ({named(best)})", runs[best]))
+        print(row(f"{name} ({named(best)})", runs[best]))
         if narrowest != best:
-            print(row(f"locally weighted, {name} error of the regime, least ratio ({named(narrowest)})",
-                      runs[narrowest]))
+            print(row(f"{name}, least ratio ({named(narrowest)})", runs[narrowest]))
+
+    def locally_weighted(statistic: Statistic) -> Callable[[Weights], list[tuple[Residual, float | None]]]:
+        return lambda weights: band_calibration(residuals, weights, statistic=statistic)
+
+    for statistic_name, statistic in STATISTICS.items():
+        planner = "the planner's: " if statistic is weighted_mean else ""
+        best_of(f"{planner}locally weighted, {statistic_name} error of the regime", locally_weighted(statistic),
+                planners if statistic is weighted_mean else None)
+    best_of("pooled: weighted conformal quantile of the residuals",
+            lambda weights: pooled_calibration(residuals, weights))
     print(row(f"locally weighted, the error of the regime regressed on its description (ridge {COVARIATE_RIDGE:g})",
               covariate_calibration(residuals)))
     spreads = stored_fit_spreads()

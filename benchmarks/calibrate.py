@@ -5,8 +5,8 @@ prediction of the fit to all runs, the prediction of a fit *without every run of
 (leave-source-out), and the memory model's error (leave-one-out: only the reserve of runs
 launched with the default CUDA allocator is fitted). Then the fitted constants, to be copied
 into ``btk/hardware.py``, ``btk/planner/throughput.py`` and ``btk/planner/calibration.py``;
-the neighbour weight of the error bands and how the bands, rebuilt without each source, cover that
-source's runs; the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the
+the weights of the error bands' regime errors and how the bands, rebuilt without each source, cover
+that source's runs; the error band per regime that ``btk plan``, ``estimate`` and ``compare`` print (the
 tables of ``docs/calibration.md``); and the held-out runs, which no fit sees, predicted by the full fit, with how
 many of them the printed bands cover.
 
@@ -80,7 +80,7 @@ def main() -> None:
     summary = band_summary(points, left_out, results)
     residuals = residuals_of(points, left_out)
     chosen = stored_weights(summary)
-    print(f"\nweights of neighbouring regimes (bands rebuilt without each source, covering its runs; target "
+    print(f"\nweights of the regime errors (bands rebuilt without each source, covering its runs; target "
           f"{summary['target_coverage']:.0%}; the least gaps, overall plus mean per regime, are chosen):")
     for neighbour in NEIGHBOUR_WEIGHTS:
         cells = []
@@ -92,8 +92,8 @@ def main() -> None:
         print(f"  same family {neighbour:3}, other family " + "  ".join(cells))
     print("\nthe bands' own calibration (each source's runs against bands built without it):")
     print("\n".join(calibration_table(summary)))
-    print(f"\nband per regime ({summary['target_coverage']:.0%} weighted conformal quantile of leave-source-out "
-          "errors):")
+    print(f"\nband per regime ({summary['target_coverage']:.0%} locally weighted conformal band of leave-source-out "
+          f"errors: {summary['score_quantile']:.3f} x the regime's mean error):")
     print("\n".join(regime_table(summary)))
     held = load_held_out()
     errors = [predict_tokens_per_second(point, params) / point.tokens_per_second_per_gpu - 1 for point in held]

@@ -6,21 +6,28 @@ the published evidence at all.
 A regime is a GPU family, a model size (under 5B, 5-20B, 20B and over), a sequence length (up
 to 8k, over 8k) and a node count (one, several). Each published run is predicted by a fit that
 never saw its source (``calibration.leave_source_out``); its absolute relative error is its
-*residual*. The band of a question is a **weighted conformal quantile** of those residuals
-(Tibshirani, Barber, Candes and Ramdas, "Conformal prediction under covariate shift", 2019):
-each run weighs 1 when it is of the question's own regime, ``neighbour_weight ** level`` when
-it first shares a coarser regime of the same GPU family (level 1: any node count, 2: any
-sequence length, 3: the family) and ``other_family_weight`` when it is of another family; the
-question itself weighs 1 at infinity, and the band is the smallest residual below which
-:data:`TARGET_COVERAGE` of that total weight lies. With a regime's own runs alone this is the
-split-conformal quantile, which covers a new run of the regime with at least the target
-probability *if its residual is exchangeable with theirs* (the method's assumption); a regime
-with few runs is shrunk towards its neighbours' residuals, and a regime with none borrows from
-them entirely (the output says how many runs are its own); a family whose own runs cannot reach the
-target borrows the other families' at the least weight that does, and says so. Runs on power-limited
-GPUs are not residuals (:func:`residuals_of`). The two weights are those of
-:data:`NEIGHBOUR_WEIGHTS` x :data:`OTHER_FAMILY_WEIGHTS` whose bands, rebuilt without each
-source in turn, cover that source's runs closest to the target, overall and per regime
+*residual*. The band is a **locally weighted conformal band** (Lei, G'Sell, Rinaldo, Tibshirani
+and Wasserman, "Distribution-free predictive inference for regression", JASA 2018, section 5.2):
+
+* the *error of a regime* is the weighted mean absolute residual of the runs (the paper's mean
+  absolute deviation), a run weighing 1 when it is of the regime itself, ``neighbour_weight **
+  level`` when it first shares a coarser regime of the same GPU family (level 1: any node count,
+  2: any sequence length, 3: the family) and ``other_family_weight`` when it is of another family
+  (:func:`regime_error`);
+* each run's *score* is its residual over the error of its regime estimated from the other
+  sources' runs (its own source left out, so that a source cannot vouch for itself);
+* the band of a question is the split-conformal quantile of the scores (the ceil((n + 1) x
+  target)-th smallest of n) times the error of the question's regime.
+
+Where the scores are exchangeable (the method's assumption: a run's miss, measured in its
+regime's error, says nothing about which regime it came from), the band covers a new run with at
+least the target probability, and its width follows the regime's error: narrow where the model
+predicts the regime's runs well, wide where it does not. A regime with few runs has its error
+shrunk towards its neighbours'; a regime with none borrows it from them entirely, and the output
+says how many runs are its own and how many runs' worth of weight the others add. Runs on
+power-limited GPUs are not residuals (:func:`residuals_of`). The two weights are those of
+:data:`NEIGHBOUR_WEIGHTS` x :data:`OTHER_FAMILY_WEIGHTS` whose bands, rebuilt without each source
+in turn, cover that source's runs closest to the target, overall and per regime
 (:func:`band_calibration`; ``docs/calibration.md`` prints that check per regime).
 
 A question outside the evidence gets no band: a GPU family without a published run, or a
@@ -28,7 +35,7 @@ model size, sequence length or node count beyond the published runs' range (all 
 together: the terms those describe are fitted across families). The output then says
 "outside the published evidence" and by how far.
 
-``benchmarks/calibrate.py --write`` stores the residuals, the chosen weight and the bands per
+``benchmarks/calibrate.py --write`` stores the residuals, the chosen weights and the bands per
 regime in ``calibration_band.json``; ``tests/planner/test_calibration.py`` checks the stored
 file against a fresh fit, and ``docs/calibration.md``'s tables against it.
 """
@@ -64,8 +71,9 @@ OTHER_FAMILY_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)
 """The weights of another GPU family's runs chosen from."""
 REPORTED_REGIME_RUNS = 5
 """Regimes with at least this many runs get their own row in the band's calibration table."""
-METHOD = ("weighted conformal quantile of leave-source-out errors at 80 % coverage, neighbouring regimes weighted "
-          "in (docs/calibration.md)")
+METHOD = ("locally weighted conformal band of leave-source-out errors at 80 % coverage: the regime's mean error, "
+          "neighbouring regimes weighted in, times the quantile of every run's error over its regime's "
+          "(docs/calibration.md)")
 
 
 def _bin(value: float, bins: Sequence[tuple[float, str]], inclusive: bool) -> str:
@@ -136,6 +144,7 @@ class Residual:
         return cls(data["id"], data["source"], Regime.from_key(data["regime"]), float(data["error"]))
 
 
+@cache
 def distance(question: Regime, run: Regime) -> int:
     """How far a run's regime is from the question's: 0 the same, 1-3 the first coarser regime holding both, 4 none."""
     return next((level for level, wider in enumerate(question.widening()) if wider.holds(run)), 4)
@@ -143,7 +152,7 @@ def distance(question: Regime, run: Regime) -> int:
 
 @dataclass(frozen=True)
 class Weights:
-    """How much a run of a neighbouring regime counts towards a question's band (its own regime's count 1)."""
+    """How much a run of another regime counts towards a question's regime error (its own regime's runs count 1)."""
 
     neighbour: float  # per level of the same family's coarser regimes
     other_family: float
@@ -153,55 +162,94 @@ class Weights:
         return self.neighbour ** level if level < 4 else self.other_family
 
 
+Statistic = Callable[[Sequence[tuple[float, float]]], float]
+"""A regime's error from (absolute residual, weight) pairs whose weights sum above zero."""
+
+
+def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float:
+    """The weighted mean absolute residual: the regime error of the planner's band (Lei et al.'s mean absolute
+    deviation)."""
+    return sum(error * weight for error, weight in pairs) / sum(weight for _, weight in pairs)
+
+
+ERROR_FLOOR = 0.005
+"""The least regime error (0.5 %): a regime whose runs were all predicted exactly still gets a band."""
+
+
+def regime_error(question: Regime, runs: Sequence[Residual], weights: Weights,
+                 statistic: Statistic = weighted_mean) -> float | None:
+    """The error of runs like ``question``: ``statistic`` of the absolute residuals of ``runs``, each weighing
+    ``weights.of(question, its regime)``, never below :data:`ERROR_FLOOR`; None where no run weighs anything."""
+    pairs = [(abs(run.error), weight) for run in runs if (weight := weights.of(question, run.regime)) > 0]
+    return max(statistic(pairs), ERROR_FLOOR) if pairs else None
+
+
+def split_conformal_quantile(scores: Sequence[float], target: float = TARGET_COVERAGE) -> float | None:
+    """The ceil((n + 1) x ``target``)-th smallest of n scores (Vovk; Lei et al. 2018); None where that exceeds n
+    (fewer than 4 scores cannot make an 80 % band)."""
+    rank = math.ceil((len(scores) + 1) * target - 1e-9)
+    return sorted(scores)[rank - 1] if rank <= len(scores) else None
+
+
+def score_quantile(residuals: Sequence[Residual], weights: Weights, target: float = TARGET_COVERAGE,
+                   statistic: Statistic = weighted_mean) -> float | None:
+    """The split-conformal quantile of the runs' scores: each run's residual over the error of its regime estimated
+    from the runs of the *other* sources (a run whose regime no other source's run weighs on has no score)."""
+    errors: dict[tuple[Regime, str], float | None] = {}
+    scores = []
+    for run in residuals:
+        key = (run.regime, run.source)
+        if key not in errors:
+            errors[key] = regime_error(run.regime, [other for other in residuals if other.source != run.source],
+                                       weights, statistic)
+        if (error := errors[key]) is not None:
+            scores.append(abs(run.error) / error)
+    return split_conformal_quantile(scores, target)
+
+
 @dataclass(frozen=True)
 class ConformalBand:
-    """The band of one regime: the half-width (None when the weight cannot reach the target) and its evidence."""
+    """The band of one regime: the half-width (None without a regime error or enough scores) and its evidence."""
 
     half_width: float | None
     own_runs: tuple[str, ...]
     """The runs of the question's own regime."""
-    neighbour_weight: float
-    """How many runs' worth of weight the neighbouring regimes add."""
-    other_family_weight: float = 0.0
-    """The weight each run of another GPU family had: above the chosen one where the question's own family
-    could not reach the target alone (:func:`conformal_band`)."""
+    borrowed: float
+    """How many runs' worth of weight the other regimes add to the regime's error."""
+    error: float | None
+    """The error of the question's regime (:func:`regime_error`)."""
+    quantile: float | None
+    """The split-conformal quantile of the scores (:func:`score_quantile`): the band over the regime's error."""
 
 
-def _weighted_quantile(question: Regime, residuals: Sequence[Residual], weights: Weights,
-                       target: float) -> ConformalBand:
-    weighted = sorted((abs(r.error), weights.of(question, r.regime)) for r in residuals)
-    total = sum(weight for _, weight in weighted) + 1.0  # the question's own point, at infinity
-    own = tuple(r.id for r in residuals if distance(question, r.regime) == 0)
-    borrowed = sum(weight for _, weight in weighted) - len(own)
-    reached = 0.0
-    for error, weight in weighted:
-        reached += weight
-        if reached / total >= target - 1e-12:
-            return ConformalBand(error, own, borrowed, weights.other_family)
-    return ConformalBand(None, own, borrowed, weights.other_family)
+def _band(question: Regime, residuals: Sequence[Residual], weights: Weights, quantile: float | None,
+          statistic: Statistic) -> ConformalBand:
+    own = tuple(run.id for run in residuals if distance(question, run.regime) == 0)
+    borrowed = sum(weights.of(question, run.regime) for run in residuals) - len(own)
+    error = regime_error(question, residuals, weights, statistic)
+    half_width = None if error is None or quantile is None else quantile * error
+    return ConformalBand(half_width, own, borrowed, error, quantile)
 
 
 def conformal_band(question: Regime, residuals: Sequence[Residual], weights: Weights,
-                   target: float = TARGET_COVERAGE) -> ConformalBand:
-    """The weighted conformal quantile of ``residuals`` for ``question`` (see the module docstring).
-
-    Where the question's own family weighs too little to reach ``target`` (a GPU family with few published
-    runs), the runs of the other families are lent at the least weight of :data:`OTHER_FAMILY_WEIGHTS` that
-    reaches it; the band says so (``other_family_weight``). None when even the largest does not.
-    """
-    band = _weighted_quantile(question, residuals, weights, target)
-    for heavier in (weight for weight in OTHER_FAMILY_WEIGHTS if weight > weights.other_family):
-        if band.half_width is not None:
-            break
-        band = _weighted_quantile(question, residuals, Weights(weights.neighbour, heavier), target)
-    return band
+                   target: float = TARGET_COVERAGE, statistic: Statistic = weighted_mean) -> ConformalBand:
+    """The locally weighted conformal band of ``question`` from ``residuals`` (see the module docstring)."""
+    return _band(question, residuals, weights, score_quantile(residuals, weights, target, statistic), statistic)
 
 
-def band_calibration(residuals: Sequence[Residual], weights: Weights,
-                     target: float = TARGET_COVERAGE) -> list[tuple[Residual, float | None]]:
-    """Each run against the band built for its regime *without its source*: (the run, that band or None)."""
-    return [(run, conformal_band(run.regime, [r for r in residuals if r.source != run.source], weights,
-                                 target).half_width) for run in residuals]
+def band_calibration(residuals: Sequence[Residual], weights: Weights, target: float = TARGET_COVERAGE,
+                     statistic: Statistic = weighted_mean) -> list[tuple[Residual, float | None]]:
+    """Each run against the band built for its regime *without its source* (:func:`conformal_band` of the other
+    sources' runs): (the run, that band or None)."""
+    without: dict[str, tuple[list[Residual], float | None]] = {}
+    for source in dict.fromkeys(run.source for run in residuals):
+        others = [run for run in residuals if run.source != source]
+        without[source] = others, score_quantile(others, weights, target, statistic)
+    checked = []
+    for run in residuals:
+        others, quantile = without[run.source]
+        checked.append((run, _band(run.regime, others, weights, quantile, statistic).half_width))
+    return checked
 
 
 def coverage_gaps(checked: Sequence[tuple[Residual, float | None]], target: float = TARGET_COVERAGE) -> tuple[
@@ -244,16 +292,18 @@ def residuals_of(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
 
 def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, float],
                  memory: Sequence[PointResult]) -> dict[str, Any]:
-    """What ``calibration_band.json`` stores: every run's residual, the chosen neighbour weight, the band of every
-    regime a run lies in; per family the worst memory error; the evidence's range."""
+    """What ``calibration_band.json`` stores: every run's residual, the chosen weights and the scores' quantile, the
+    band of every regime a run lies in with its error; per family the worst memory error; the evidence's range."""
     residuals = residuals_of(points, left_out)
     weights = choose_weights(residuals)
+    quantile = score_quantile(residuals, weights)
     regimes: dict[str, dict[str, Any]] = {}
     for key in sorted({r.regime.key for r in residuals}):
         band = conformal_band(Regime.from_key(key), residuals, weights)
         regimes[key] = {"tokens_per_second": None if band.half_width is None else round(band.half_width, 3),
-                        "points": len(band.own_runs), "borrowed": round(band.neighbour_weight, 2),
-                        "other_family_weight": band.other_family_weight, "evidence": list(band.own_runs)}
+                        "error": None if band.error is None else round(band.error, 4),
+                        "points": len(band.own_runs), "borrowed": round(band.borrowed, 2),
+                        "evidence": list(band.own_runs)}
     memories: dict[str, dict[str, Any]] = {}
     for result in memory:
         if result.memory_error is None:
@@ -265,6 +315,7 @@ def band_summary(points: Sequence[CalibrationPoint], left_out: Mapping[str, floa
         "target_coverage": TARGET_COVERAGE,
         "neighbour_weight": weights.neighbour,
         "other_family_weight": weights.other_family,
+        "score_quantile": None if quantile is None else round(quantile, 4),
         "residuals": [r.as_json() for r in residuals],
         "regimes": regimes,
         "memory": dict(sorted(memories.items())),
@@ -283,11 +334,12 @@ def stored_weights(summary: Mapping[str, Any]) -> Weights:
 
 def regime_table(summary: Mapping[str, Any]) -> list[str]:
     """The Markdown table of bands per regime (``benchmarks/calibrate.py`` prints it, ``docs/calibration.md`` too)."""
-    lines = ["| regime (GPU family / size / sequence / nodes) | own runs | neighbours' weight (runs) | tokens/s band |",
-             "|---|---|---|---|"]
+    lines = ["| regime (GPU family / size / sequence / nodes) | own runs | other regimes' weight (runs) "
+             "| regime's mean error | tokens/s band |", "|---|---|---|---|---|"]
     for key, entry in summary["regimes"].items():
-        band = "none: too little weight" if entry["tokens_per_second"] is None else f"±{entry['tokens_per_second']:.1%}"
-        lines.append(f"| {key} | {entry['points']} | {entry['borrowed']:.1f} | {band} |")
+        band = "none: too few runs" if entry["tokens_per_second"] is None else f"±{entry['tokens_per_second']:.1%}"
+        error = "-" if entry["error"] is None else f"{entry['error']:.1%}"
+        lines.append(f"| {key} | {entry['points']} | {entry['borrowed']:.1f} | {error} | {band} |")
     return lines
 
 
@@ -348,9 +400,9 @@ class ErrorBand:
     outside: tuple[str, ...] = ()
     """How the question lies outside the published evidence, one phrase per way (empty inside)."""
     borrowed: float = 0.0
-    """How many runs' worth of weight the neighbouring regimes lent the band."""
-    lent_by_other_families: float = 0.0
-    """Each other GPU family's run's weight where the question's family had too few runs for a band (else 0)."""
+    """How many runs' worth of weight the other regimes add to the error of the question's regime."""
+    regime_error: float | None = None
+    """The error of the question's regime, which the band scales (:func:`regime_error`)."""
 
     @property
     def measured(self) -> bool:
@@ -366,12 +418,10 @@ class ErrorBand:
             memory = f"; memory ±{self.memory:.0%} ({self.memory_points} runs)"
         own = (f"{self.points} published runs of its regime" if self.points
                else "no published run of its own regime")
-        lent = f", {self.borrowed:.1f} runs' weight from neighbouring regimes" if self.borrowed >= 0.05 else ""
-        if self.lent_by_other_families:
-            lent += (f", other GPU families' runs weighing {self.lent_by_other_families:g} each: too few runs on "
-                     f"{self.family} GPUs")
+        lent = f", {self.borrowed:.1f} runs' weight from other regimes" if self.borrowed >= 0.05 else ""
+        scaled = "" if self.regime_error is None else f" from a {self.regime_error:.1%} mean error of runs like it"
         return (
-            f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band: {own}{lent}; {self.regime})"
+            f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band{scaled}: {own}{lent}; {self.regime})"
             f"{memory}; evidence: docs/calibration.md"
         )
 
@@ -385,7 +435,7 @@ class ErrorBand:
             "memory_relative": self.memory,
             "points": self.points,
             "borrowed_weight": round(self.borrowed, 2),
-            "other_family_weight": self.lent_by_other_families,
+            "regime_error": self.regime_error,
             "memory_points": self.memory_points,
             "outside_evidence": list(self.outside),
             "method": METHOD,
@@ -404,6 +454,13 @@ def stored_summary() -> dict[str, Any]:
 def stored_residuals() -> tuple[Residual, ...]:
     """The stored leave-source-out residual of every published run."""
     return tuple(Residual.from_json(entry) for entry in stored_summary()["residuals"])
+
+
+@cache
+def stored_quantile() -> float | None:
+    """The scores' quantile of the stored residuals and weights (the same for every question)."""
+    summary = stored_summary()
+    return score_quantile(stored_residuals(), stored_weights(summary), summary["target_coverage"])
 
 
 def _beyond(name: str, value: float, bounds: Sequence[float], show: Callable[[float], str]) -> str | None:
@@ -441,14 +498,14 @@ def band_for_question(family: str, parameters: float, seq_len: int, nodes: int,
     regime = regime_of(family, parameters, seq_len, nodes)
     residuals = stored_residuals() if stored is None else tuple(Residual.from_json(r) for r in data["residuals"])
     weights = stored_weights(data)
-    band = conformal_band(regime, residuals, weights, data["target_coverage"])
-    if band.half_width is None:
+    quantile = stored_quantile() if stored is None else score_quantile(residuals, weights, data["target_coverage"])
+    band = _band(regime, residuals, weights, quantile, weighted_mean)
+    if band.half_width is None or band.error is None:
         reason = (f"too few published runs near {regime.key} for a {data['target_coverage']:.0%} band "
-                  f"({len(band.own_runs)} of its own, {band.neighbour_weight:.1f} runs' weight from neighbours)")
+                  f"({len(band.own_runs)} of its own, {band.borrowed:.1f} runs' weight from other regimes)")
         return ErrorBand(family, None, None, memory_band, 0, memory_points, (), (reason,))
-    lent = band.other_family_weight if band.other_family_weight > weights.other_family else 0.0
     return ErrorBand(family, regime.key, round(band.half_width, 3), memory_band, len(band.own_runs), memory_points,
-                     band.own_runs, borrowed=band.neighbour_weight, lent_by_other_families=lent)
+                     band.own_runs, borrowed=band.borrowed, regime_error=round(band.error, 4))
 
 
 OUTSIDE = "outside the published evidence"

@@ -1,9 +1,10 @@
-"""benchmarks/band_methods.py: the locally weighted band it compares the planner's with follows each regime's error.
+"""benchmarks/band_methods.py: the alternatives it compares the planner's band with.
 
 Fixture residuals, one source per run: a GPU family whose small models are predicted within 1-2 % and whose large
-ones miss by 8-16 %. The planner's band, pooling the family whole, gives both regimes one width; the locally
-weighted band, scaling each residual by its regime's error, gives the small models a narrower band than the large
-ones and still holds the target share of the runs it never saw. The bounds every band meets on given runs: a band
+ones miss by 8-16 %. The pooled band, a quantile of the family's residuals, gives both regimes one width; the locally
+weighted bands (the planner's mean regime error and the median and root-mean-square variants), scaling each residual
+by its regime's error, give the small models a narrower band than the large ones and still hold the target share of
+the runs they never saw. The bounds every band meets on given runs: a band
 of one width cannot be narrower than the share's quantile of the errors, and a band holding exactly the target share
 lands within five points of it in a regime of n runs with the binomial chance.
 """
@@ -43,28 +44,29 @@ def bands_by_run(checked: Sequence[tuple[Residual, float | None]]) -> dict[str, 
     return {run_id: band for run_id, band in bands.items() if band is not None}
 
 
-def test_the_locally_weighted_band_follows_each_regimes_error() -> None:
+def test_the_locally_weighted_bands_follow_each_regimes_error_where_the_pooled_one_does_not() -> None:
     module = band_methods()
-    runs, weights = residuals(), Weights(1.0, 0.0)
-    pooled = bands_by_run(band_calibration(runs, weights))
-    local = bands_by_run(module.locally_weighted_calibration(runs, weights, module._median))
+    runs = residuals()
+    pooled = bands_by_run(module.pooled_calibration(runs, Weights(1.0, 0.0)))
     small = [run.id for run in runs if run.regime == SMALL]
     large = [run.id for run in runs if run.regime == LARGE]
-    # pooled: one family, one band (each left-out run's own residual aside)
+    # pooled, the family whole weighed alike: one band (each left-out run's own residual aside)
     assert max(pooled[i] for i in small) >= min(pooled[i] for i in large)
-    # locally weighted, the family whole weighed alike: the scale is still the same for both regimes
-    assert max(local[i] for i in small) >= min(local[i] for i in large)
-    local = bands_by_run(module.locally_weighted_calibration(runs, Weights(0.1, 0.0), module._median))
-    assert max(local[i] for i in small) < 0.05 < min(local[i] for i in large)
-    overall, _ = coverage_gaps(module.locally_weighted_calibration(runs, Weights(0.1, 0.0), module._median))
-    assert overall >= 0.8
+    for statistic in module.STATISTICS.values():
+        checked = band_calibration(runs, Weights(0.1, 0.0), statistic=statistic)
+        local = bands_by_run(checked)
+        assert max(local[i] for i in small) < 0.05 < min(local[i] for i in large)
+        assert coverage_gaps(checked)[0] >= 0.8
+        # the family whole weighed alike: one regime error for both, so one band
+        alike = bands_by_run(band_calibration(runs, Weights(1.0, 0.0), statistic=statistic))
+        assert max(alike[i] for i in small) >= min(alike[i] for i in large)
 
 
-def test_a_scale_never_falls_below_its_floor() -> None:
+def test_a_regime_error_never_falls_below_its_floor() -> None:
     module = band_methods()
     exact = [Residual(f"r{i}", f"s{i}", SMALL, 0.0) for i in range(6)]
-    for scale in module.SCALES.values():
-        assert module.regime_scale(SMALL, exact, Weights(0.5, 0.0), scale) == module.SCALE_FLOOR
+    for statistic in module.STATISTICS.values():
+        assert planner_band.regime_error(SMALL, exact, Weights(0.5, 0.0), statistic) == planner_band.ERROR_FLOOR
 
 
 def test_the_covariate_scale_follows_each_regimes_error_and_holds_the_target() -> None:
@@ -87,7 +89,7 @@ def test_a_covariate_scale_never_falls_below_its_floor() -> None:
     exact = [Residual(f"r{i}", f"s{i}", regime, 0.0) for i in range(6) for regime in (SMALL, LARGE)]
     scale = module.covariate_scale(exact)
     for regime in (SMALL, LARGE):
-        assert module.SCALE_FLOOR <= scale(regime) == pytest.approx(module.SCALE_FLOOR)
+        assert planner_band.ERROR_FLOOR <= scale(regime) == pytest.approx(planner_band.ERROR_FLOOR)
 
 
 def test_one_width_for_every_run_is_no_narrower_than_the_targets_quantile() -> None:

@@ -1,9 +1,10 @@
 """Calibration against published measurements (docs/calibration.md).
 
 Every run of ``btk/planner/calibration_points.json`` is predicted by a fit that never saw its
-source (leave-source-out); the error band the planner prints for a question is the weighted
-conformal quantile of those errors at 80 % coverage, the question's regime weighted most
-(``btk/planner/band.py``). Asserted here, with the reason for each bound:
+source (leave-source-out); the error band the planner prints for a question is the locally
+weighted conformal band of those errors at 80 % coverage, scaled by the error of the question's
+regime with its neighbours weighted in (``btk/planner/band.py``). Asserted here, with the reason
+for each bound:
 
 * the evidence spans what the issue of a planner for 1B-70B dense decoders needs: at least 40
   runs, models of at most 1.3B and at least 64B, sequences of 2k to 64k tokens, every GPU
@@ -15,9 +16,9 @@ conformal quantile of those errors at 80 % coverage, the question's regime weigh
   is fitted);
 * the stored bands are the fit's, ``docs/calibration.md`` prints them and their own
   calibration, a question gets its regime's band (or, outside the evidence, none, saying how far
-  outside), the conformal quantile is the textbook one where only the regime's own runs count,
-  and the bands rebuilt without each source cover that source's runs within 5 points of the
-  target overall;
+  outside), the band is Lei et al.'s locally weighted split-conformal one where only the
+  regime's own runs count, it follows each regime's error, and the bands rebuilt without each
+  source cover that source's runs within 5 points of the target overall;
 * peak memory within 10 % for every run with a published peak (the memory model has no
   fitted constant; the default-allocator reserve is fitted without the run it predicts).
 """
@@ -266,47 +267,101 @@ def _residuals(regime: Regime, errors: list[float], source: str = "s") -> list[R
     return [Residual(f"{source}{i}", f"{source}{i}", regime, error) for i, error in enumerate(errors)]
 
 
-@pytest.mark.parametrize("count", [1, 3, 4, 5, 9, 10, 24])
-def test_with_only_its_own_regime_the_band_is_the_split_conformal_quantile(count: int) -> None:
-    """n exchangeable residuals: the ceil((n + 1) x 0.8)-th smallest (Vovk; Lei et al. 2018), none when that
-    exceeds n (fewer than 4 runs cannot make an 80 % band)."""
-    import math
-
+@pytest.mark.parametrize(
+    ("errors", "expected"),
+    [
+        # mean error 3 %; scores (each over the mean of the others): 1/3.5, 2/3.25, 3/3, 4/2.75, 5/2.5; the
+        # ceil(6 x 0.8) = 5th smallest is 2.0, times 3 %
+        ([0.01, -0.02, 0.03, -0.04, 0.05], 0.06),
+        # mean 2.5 %; scores 1/3, 2/2.67, 3/2.33, 4/2; the ceil(5 x 0.8) = 4th is 2.0, times 2.5 %
+        ([-0.01, 0.02, -0.03, 0.04], 0.05),
+        # nine runs all 2 % off: every score is 1, the band the regime's error
+        ([0.02, -0.02] * 4 + [0.02], 0.02),
+        # fewer than 4 runs cannot make an 80 % band: the ceil(4 x 0.8) = 4th of 3 scores does not exist
+        ([0.01, 0.02, 0.03], None),
+    ],
+)
+def test_with_only_its_own_regime_the_band_is_the_locally_weighted_split_conformal_one(
+        errors: list[float], expected: float | None) -> None:
+    """n runs of one regime, each its own source (Lei et al. 2018, section 5.2): every score is the run's error
+    over the regime's mean error without it, the band the ceil((n + 1) x 0.8)-th smallest score times the
+    regime's mean error."""
     regime = Regime("hopper", "5-20B", "seq up to 8k", "1 node")
-    errors = [0.01 * (i + 1) * (-1) ** i for i in range(count)]
     band = conformal_band(regime, _residuals(regime, errors), Weights(0.0, 0.0))
-    rank = math.ceil((count + 1) * TARGET_COVERAGE)
-    assert band.half_width == (sorted(abs(e) for e in errors)[rank - 1] if rank <= count else None)
-    assert len(band.own_runs) == count and band.neighbour_weight == 0
+    assert band.half_width == (None if expected is None else pytest.approx(expected))
+    assert band.error == pytest.approx(statistics.mean(abs(error) for error in errors))
+    assert len(band.own_runs) == len(errors) and band.borrowed == 0
 
 
-def test_a_regime_without_runs_borrows_from_its_neighbours_and_the_nearer_weigh_more() -> None:
+SMALL = Regime("hopper", "under 5B", "seq up to 8k", "1 node")
+LARGE = Regime("hopper", "20B and over", "seq up to 8k", "1 node")
+
+
+def _two_regimes() -> list[Residual]:
+    """Ten runs of small models predicted within 1-2 %, ten of large ones missing by 8-16 %, one source each."""
+    small = [0.010, -0.012, 0.014, -0.016, 0.011, 0.018, -0.013, 0.015, 0.012, -0.017]
+    large = [0.08, -0.10, 0.12, -0.14, 0.09, 0.16, -0.11, 0.13, 0.10, -0.15]
+    return [*_residuals(SMALL, small, "small"), *_residuals(LARGE, large, "large")]
+
+
+def test_a_regimes_band_follows_its_error_and_still_holds_the_target() -> None:
+    """Weighted by regime, the small models get a band below 5 % and the large ones above, and each run's band built
+    without its source holds at least 80 % of them; with the whole family weighed alike both get one band."""
+    runs = _two_regimes()
+    local = {run.id: band for run, band in band_calibration(runs, Weights(0.1, 0.0))}
+    assert max(local[run.id] or 1.0 for run in runs if run.regime == SMALL) < 0.05 < min(
+        local[run.id] or 0.0 for run in runs if run.regime == LARGE)
+    assert coverage_gaps(band_calibration(runs, Weights(0.1, 0.0)))[0] >= TARGET_COVERAGE
+    alike = [conformal_band(regime, runs, Weights(1.0, 0.0)).half_width for regime in (SMALL, LARGE)]
+    assert alike[0] == alike[1]
+
+
+def test_each_runs_check_is_the_band_built_without_its_source() -> None:
+    """band_calibration (each source's scores computed once) gives every stored run the band conformal_band builds
+    from the other sources' runs, at the stored weights and at two others."""
+    stored = json.loads(BAND_FILE.read_text())
+    residuals = [Residual.from_json(entry) for entry in stored["residuals"]]
+    for weights in (stored_weights(stored), Weights(1.0, 0.0), Weights(0.1, 0.2)):
+        for run, band in band_calibration(residuals, weights):
+            others = [other for other in residuals if other.source != run.source]
+            assert band == conformal_band(run.regime, others, weights).half_width, (run.id, weights)
+
+
+def test_a_regime_without_runs_borrows_its_error_from_its_neighbours_and_the_nearer_weigh_more() -> None:
+    """Eight runs 5 % off in the same family (one level away), eight 40 % off in another: weighed 1 and 0.1 the
+    regime's error is (8 x 5 % + 0.8 x 40 %) / 8.8, weighed 0.1 and 1 it is (0.8 x 5 % + 8 x 40 %) / 8.8."""
     question = Regime("hopper", "5-20B", "seq up to 8k", "1 node")
     near = _residuals(Regime("hopper", "5-20B", "seq up to 8k", "2+ nodes"), [0.05] * 8, "near")
     far = _residuals(Regime("ampere", "5-20B", "seq up to 8k", "1 node"), [0.40] * 8, "far")
     band = conformal_band(question, near + far, Weights(1.0, 0.1))
-    assert band.own_runs == () and band.half_width == 0.05 and band.neighbour_weight == pytest.approx(8.8)
-    assert conformal_band(question, near + far, Weights(0.1, 1.0)).half_width == 0.40  # the weights decide
-    assert conformal_band(question, far, Weights(1.0, 0.0)).half_width is None  # no weight: no band
+    assert band.own_runs == () and band.borrowed == pytest.approx(8.8)
+    assert band.error == pytest.approx((8 * 0.05 + 0.8 * 0.40) / 8.8)
+    assert band.half_width == pytest.approx(band.error * (band.quantile or 0))
+    wide = conformal_band(question, near + far, Weights(0.1, 1.0))  # the weights decide
+    assert wide.error == pytest.approx((0.8 * 0.05 + 8 * 0.40) / 8.8) and (wide.half_width or 0) > band.half_width
+    assert conformal_band(question, far, Weights(1.0, 0.0)).half_width is None  # nothing weighs: no band
 
 
-def test_a_family_with_too_few_runs_borrows_the_other_families_at_the_least_weight_that_reaches_the_target() -> None:
-    """Two runs of its own and 1 at infinity cannot make 80 %; Hopper's 40 runs lent at 0.05 each (the least of the
-    grid: 0.02 gives (2 + 0.8) / 3.8 = 74 %) reach (2 + 2) / 5 = 80 %, and the printed band says so."""
+def test_a_family_with_few_runs_gets_its_own_error_times_the_pooled_quantile() -> None:
+    """Two Blackwell runs (3 % and 6 % off) beside forty Hopper runs 10 % off, other families weighing nothing: the
+    Blackwell regime's error is its own 4.5 %; the scores are forty 1.0s (each Hopper run over the others' 10 %),
+    0.5 and 2.0 (each Blackwell run over the other's error), and the ceil(43 x 0.8) = 35th smallest is 1.0. The band
+    is 4.5 %, and the printed one says it rests on two runs of its own."""
     question = Regime("blackwell", "5-20B", "seq up to 8k", "1 node")
-    own = _residuals(question, [0.03, 0.06], "own")
+    own = _residuals(question, [0.03, -0.06], "own")
     hopper = _residuals(Regime("hopper", "5-20B", "seq up to 8k", "1 node"), [0.10] * 40, "hop")
     band = conformal_band(question, own + hopper, Weights(1.0, 0.0))
-    assert (band.half_width, band.other_family_weight, len(band.own_runs)) == (0.10, 0.05, 2)
-    assert conformal_band(question, own, Weights(1.0, 0.0)).half_width is None  # nothing to borrow: no band
+    assert (band.quantile, band.error, len(band.own_runs)) == (pytest.approx(1.0), pytest.approx(0.045), 2)
+    assert band.half_width == pytest.approx(0.045)
     stored = {"residuals": [r.as_json() for r in own + hopper], "neighbour_weight": 1.0, "other_family_weight": 0.0,
               "target_coverage": TARGET_COVERAGE, "memory": {},
               "envelope": {"families": ["blackwell", "hopper"], "parameters": [1, 1e15], "seq_len": [1, 1 << 20],
                            "nodes": [1, 64]}}
     printed = band_for_question("blackwell", 8e9, 8192, 1, stored)
-    assert printed.tokens_per_second == 0.10 and printed.as_json()["other_family_weight"] == 0.05
-    assert "other GPU families' runs weighing 0.05 each: too few runs on blackwell GPUs" in printed.describe()
-    assert band_for_question("hopper", 8e9, 8192, 1, stored).lent_by_other_families == 0.0
+    assert printed.tokens_per_second == 0.045 and printed.as_json()["regime_error"] == 0.045
+    assert ("±4.5% (80% band from a 4.5% mean error of runs like it: 2 published runs of its regime; blackwell / "
+            "5-20B / seq up to 8k / 1 node)") in printed.describe()
+    assert band_for_question("hopper", 8e9, 8192, 1, stored).tokens_per_second == pytest.approx(0.10, abs=1e-3)
 
 
 def test_runs_on_power_limited_gpus_are_in_the_fit_but_not_residuals(summary: dict[str, object]) -> None:
