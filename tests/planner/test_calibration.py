@@ -244,8 +244,12 @@ def test_docs_show_the_float8_and_compile_gains_against_their_published_ablation
 
 
 def test_docs_print_the_stored_band_of_every_regime() -> None:
-    for line in regime_table(json.loads(BAND_FILE.read_text())):
+    stored = json.loads(BAND_FILE.read_text())
+    for line in regime_table(stored):
         assert line in DOC, f"docs/calibration.md is stale, paste benchmarks/calibrate.py's table: {line}"
+    quantile = f"{stored['score_quantile']:.2f}"
+    assert f"the scores' quantile is {quantile}: every band is {quantile} times its regime's mean error" in " ".join(
+        DOC.split())
 
 
 def test_docs_print_the_bands_own_calibration() -> None:
@@ -283,6 +287,12 @@ def _residuals(regime: Regime, errors: list[float], source: str = "s") -> list[R
         ([-0.01, 0.02, -0.03, 0.04], 0.05),
         # nine runs all 2 % off: every score is 1, the band the regime's error
         ([0.02, -0.02] * 4 + [0.02], 0.02),
+        # 1 % to 10 %: mean 5.5 %; run k % scores k / ((55 - k) / 9); the ceil(11 x 0.8) = 9th smallest is
+        # 9 / (46 / 9), times 5.5 %: 9.7 %, which holds nine of the ten
+        ([(-1) ** k * k / 100 for k in range(1, 11)], 81 / 46 * 0.055),
+        # four runs 1 % off and one 5 %: mean 1.8 %; scores 0.5 (1 % over 2 %) and 5 (5 % over 1 %); with five
+        # runs the ceil(6 x 0.8) = 5th smallest, the largest, sets the band: 5 x 1.8 %
+        ([0.01, -0.01, 0.01, -0.01, 0.05], 0.09),
         # fewer than 4 runs cannot make an 80 % band: the ceil(4 x 0.8) = 4th of 3 scores does not exist
         ([0.01, 0.02, 0.03], None),
     ],
