@@ -419,9 +419,9 @@ class ErrorBand:
         own = (f"{self.points} published runs of its regime" if self.points
                else "no published run of its own regime")
         lent = f", {self.borrowed:.1f} runs' weight from other regimes" if self.borrowed >= 0.05 else ""
-        scaled = "" if self.regime_error is None else f" from a {self.regime_error:.1%} mean error of runs like it"
+        scaled = "" if self.regime_error is None else f"runs like it miss by {self.regime_error:.1%} on average; "
         return (
-            f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band{scaled}: {own}{lent}; {self.regime})"
+            f"tokens/s ±{self.tokens_per_second:.1%} ({TARGET_COVERAGE:.0%} band: {scaled}{own}{lent}; {self.regime})"
             f"{memory}; evidence: docs/calibration.md"
         )
 

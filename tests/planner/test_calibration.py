@@ -408,7 +408,7 @@ def test_a_family_with_few_runs_gets_its_own_error_times_the_pooled_quantile() -
                            "nodes": [1, 64]}}
     printed = band_for_question("blackwell", 8e9, 8192, 1, stored)
     assert printed.tokens_per_second == 0.045 and printed.as_json()["regime_error"] == 0.045
-    assert ("±4.5% (80% band from a 4.5% mean error of runs like it: 2 published runs of its regime; blackwell / "
+    assert ("±4.5% (80% band: runs like it miss by 4.5% on average; 2 published runs of its regime; blackwell / "
             "5-20B / seq up to 8k / 1 node)") in printed.describe()
     assert band_for_question("hopper", 8e9, 8192, 1, stored).tokens_per_second == pytest.approx(0.10, abs=1e-3)
 
