@@ -62,6 +62,18 @@ def test_the_locally_weighted_bands_follow_each_regimes_error_where_the_pooled_o
         assert max(alike[i] for i in small) >= min(alike[i] for i in large)
 
 
+def test_the_pooled_band_lends_a_thin_family_the_other_families_at_the_least_weight_that_reaches_the_target() -> None:
+    """Two runs of its own and the question's 1 at infinity cannot make 80 %; Hopper's 40 runs lent at 0.05 each
+    (the least of the grid: 0.02 gives (2 + 0.8) / 3.8 = 74 %) reach (2 + 2) / 5 = 80 %, and the band is their 10 %.
+    """
+    module = band_methods()
+    question = Regime("blackwell", "5-20B", "seq up to 8k", "1 node")
+    own = [Residual(f"own{i}", f"own{i}", question, error) for i, error in enumerate((0.03, 0.06))]
+    hopper = [Residual(f"hop{i}", f"hop{i}", SMALL, 0.10) for i in range(40)]
+    assert module.pooled_band(question, own + hopper, Weights(1.0, 0.0)) == 0.10
+    assert module.pooled_band(question, own, Weights(1.0, 0.0)) is None  # nothing to borrow: no band
+
+
 def test_a_regime_error_never_falls_below_its_floor() -> None:
     module = band_methods()
     exact = [Residual(f"r{i}", f"s{i}", SMALL, 0.0) for i in range(6)]
