@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 
 from btk.planner.ablations import ablation_table, ablations
@@ -25,6 +26,8 @@ from btk.planner.band import (
     BAND_FILE,
     NEIGHBOUR_WEIGHTS,
     OTHER_FAMILY_WEIGHTS,
+    REGIME_TOLERANCE,
+    REPORTED_REGIME_RUNS,
     Weights,
     band_calibration,
     band_summary,
@@ -80,15 +83,19 @@ def main() -> None:
     summary = band_summary(points, left_out, results)
     residuals = residuals_of(points, left_out)
     chosen = stored_weights(summary)
-    print(f"\nweights of the regime errors (bands rebuilt without each source, covering its runs; target "
-          f"{summary['target_coverage']:.0%}; the least gaps, overall plus mean per regime, are chosen):")
+    target = summary["target_coverage"]
+    print(f"\nweights of the regime errors (bands rebuilt without each source, covering its runs: overall, the "
+          f"regimes of {REPORTED_REGIME_RUNS}+ runs, median band; the narrowest holding {target:.0%} overall and "
+          f"{target - REGIME_TOLERANCE:.0%} in every such regime is chosen, *):")
     for neighbour in NEIGHBOUR_WEIGHTS:
         cells = []
         for other in OTHER_FAMILY_WEIGHTS:
             checked = band_calibration(residuals, Weights(neighbour, other))
             overall, regimes = coverage_gaps(checked)
+            median = statistics.median(math.inf if band is None else band for _, band in checked)
             mark = "*" if Weights(neighbour, other) == chosen else " "
-            cells.append(f"{other:4}: {overall:4.0%} ({min(regimes.values()):.0%}-{max(regimes.values()):.0%}){mark}")
+            cells.append(f"{other:4}: {overall:4.0%} ({min(regimes.values()):.0%}-{max(regimes.values()):.0%}) "
+                         f"±{median:5.1%}{mark}")
         print(f"  same family {neighbour:3}, other family " + "  ".join(cells))
     print("\nthe bands' own calibration (each source's runs against bands built without it):")
     print("\n".join(calibration_table(summary)))

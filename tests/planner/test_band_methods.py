@@ -74,6 +74,31 @@ def test_the_pooled_band_lends_a_thin_family_the_other_families_at_the_least_wei
     assert module.pooled_band(question, own, Weights(1.0, 0.0)) is None  # nothing to borrow: no band
 
 
+def test_the_nested_check_chooses_the_weights_of_each_sources_bands_without_that_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule sees only the other sources' checks when it chooses the weights of a source's bands, and each run's
+    band is the one built from the other sources' runs at the weights chosen for it."""
+    module = band_methods()
+    runs = residuals()
+    seen: list[set[str]] = []
+    choice = Weights(0.1, 0.0)
+
+    def spy(checks: dict[Weights, list[tuple[Residual, float | None]]]) -> Weights:
+        assert set(checks) == set(planner_band.WEIGHT_GRID)
+        seen.append({run.source for checked in checks.values() for run, _ in checked})
+        return choice
+
+    monkeypatch.setattr(module, "RULES", {"spy": spy})
+    nested = module.nested_calibration(runs)["spy"]
+    sources = {run.source for run in runs}
+    assert sorted(len(sources - chosen_from) for chosen_from in seen) == [1] * len(sources)
+    assert {next(iter(sources - chosen_from)) for chosen_from in seen} == sources
+    assert len(nested) == len(runs)
+    for run, band in nested:
+        others = [other for other in runs if other.source != run.source]
+        assert band == planner_band.conformal_band(run.regime, others, choice).half_width
+
+
 def test_a_regime_error_never_falls_below_its_floor() -> None:
     module = band_methods()
     exact = [Residual(f"r{i}", f"s{i}", SMALL, 0.0) for i in range(6)]

@@ -50,9 +50,12 @@ from btk.planner.band import (
     conformal_band,
     coverage_gaps,
     coverage_table,
+    holds_target,
+    narrowest_holding_target,
     regime_of,
     regime_table,
     stored_weights,
+    weights_closest_to_target,
 )
 from btk.planner.calibration import (
     NAMES,
@@ -374,6 +377,31 @@ def test_each_runs_check_is_the_band_built_without_its_source() -> None:
         for run, band in band_calibration(residuals, weights):
             others = [other for other in residuals if other.source != run.source]
             assert band == conformal_band(run.regime, others, weights).half_width, (run.id, weights)
+
+
+def _checked(inside_small: int, inside_large: int, band: float) -> list[tuple[Residual, float | None]]:
+    """A leave-source-out check of five small-model and five large-model runs, each error 1 %, the first
+    ``inside_*`` of each regime inside a band of ``band`` and the rest outside it (a band of 0.5 %)."""
+    runs = [*_residuals(SMALL, [0.01] * 5, "small"), *_residuals(LARGE, [0.01] * 5, "large")]
+    return [(run, band if int(run.id[-1]) < (inside_small if run.regime == SMALL else inside_large) else 0.005)
+            for run in runs]
+
+
+def test_the_weights_chosen_are_those_of_the_narrowest_bands_that_hold_the_target() -> None:
+    """Of four weights: one holds 80 % (4 of 5 in each regime) at a median band of 10 %, one holds 90 % at 8 % (the
+    choice), one is narrower still but holds 70 % overall, one holds 80 % overall but only 60 % in a regime (more
+    than 5 points under the target). Where none holds the target, the one closest to it is chosen."""
+    holding, wider_holding = Weights(0.5, 0.02), Weights(0.5, 0.1)
+    under, lopsided = Weights(0.1, 0.0), Weights(1.0, 0.2)
+    checks = {holding: _checked(4, 4, 0.10), wider_holding: _checked(5, 4, 0.08), under: _checked(4, 3, 0.05),
+              lopsided: _checked(3, 5, 0.04)}
+    assert [holds_target(checks[weights]) for weights in checks] == [True, True, False, False]
+    assert narrowest_holding_target(checks) == wider_holding
+    assert statistics.median(band or 0 for _, band in checks[lopsided]) < statistics.median(
+        band or 0 for _, band in checks[wider_holding])  # narrower, but not chosen
+    failing = {weights: checks[weights] for weights in (under, lopsided)}
+    # equal gaps (0.1 overall + 0.1 per regime, 0 + 0.2): the narrower
+    assert narrowest_holding_target(failing) == weights_closest_to_target(failing) == lopsided
 
 
 def test_a_regime_without_runs_borrows_its_error_from_its_neighbours_and_the_nearer_weigh_more() -> None:
