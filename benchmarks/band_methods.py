@@ -66,6 +66,7 @@ from btk.planner.band import (
     binomial_chance,
     conformal_band,
     coverage_gaps,
+    median_band,
     narrowest_holding_target,
     split_conformal_quantile,
     stored_residuals,
@@ -256,8 +257,7 @@ def scale_tracking(checked: Sequence[tuple[Residual, float | None]]) -> float:
 def summary(checked: Sequence[tuple[Residual, float | None]]) -> tuple[float, float, float, float, float]:
     """(coverage, lowest and highest regime coverage, median band, median error) of ``checked``."""
     overall, regimes = coverage_gaps(checked)
-    bands = [math.inf if band is None else band for _, band in checked]
-    return (overall, min(regimes.values()), max(regimes.values()), statistics.median(bands),
+    return (overall, min(regimes.values()), max(regimes.values()), median_band(checked),
             statistics.median(abs(run.error) for run, _ in checked))
 
 

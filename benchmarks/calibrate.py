@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 
 from btk.planner.ablations import ablation_table, ablations
@@ -34,6 +33,7 @@ from btk.planner.band import (
     calibration_table,
     coverage_gaps,
     coverage_table,
+    median_band,
     regime_table,
     residuals_of,
     stored_weights,
@@ -92,7 +92,7 @@ def main() -> None:
         for other in OTHER_FAMILY_WEIGHTS:
             checked = band_calibration(residuals, Weights(neighbour, other))
             overall, regimes = coverage_gaps(checked)
-            median = statistics.median(math.inf if band is None else band for _, band in checked)
+            median = median_band(checked)
             mark = "*" if Weights(neighbour, other) == chosen else " "
             cells.append(f"{other:4}: {overall:4.0%} ({min(regimes.values()):.0%}-{max(regimes.values()):.0%}) "
                          f"±{median:5.1%}{mark}")

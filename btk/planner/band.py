@@ -275,6 +275,11 @@ def coverage_gaps(checked: Sequence[tuple[Residual, float | None]], target: floa
                      if len(inside) >= REPORTED_REGIME_RUNS}
 
 
+def median_band(checked: Sequence[tuple[Residual, float | None]]) -> float:
+    """The median band of a leave-source-out check, a run without a band counting as infinitely wide."""
+    return statistics.median(math.inf if band is None else band for _, band in checked)
+
+
 def weights_closest_to_target(checks: Mapping[Weights, Sequence[tuple[Residual, float | None]]],
                               target: float = TARGET_COVERAGE) -> Weights:
     """Of weights and their leave-source-out checks (:func:`band_calibration`), those covering closest to
@@ -284,7 +289,7 @@ def weights_closest_to_target(checks: Mapping[Weights, Sequence[tuple[Residual, 
         checked = checks[weights]
         overall, regimes = coverage_gaps(checked, target)
         gap = abs(overall - target) + (statistics.mean(abs(c - target) for c in regimes.values()) if regimes else 0)
-        return round(gap, 9), statistics.median(band if band is not None else math.inf for _, band in checked)
+        return round(gap, 9), median_band(checked)
 
     return min(checks, key=score)
 
@@ -305,8 +310,7 @@ def narrowest_holding_target(checks: Mapping[Weights, Sequence[tuple[Residual, f
     holding = {weights: checked for weights, checked in checks.items() if holds_target(checked, target)}
     if not holding:
         return weights_closest_to_target(checks, target)
-    return min(holding, key=lambda weights: statistics.median(
-        band if band is not None else math.inf for _, band in holding[weights]))
+    return min(holding, key=lambda weights: median_band(holding[weights]))
 
 
 WEIGHT_GRID = tuple(Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMILY_WEIGHTS)
@@ -415,7 +419,7 @@ def calibration_table(summary: Mapping[str, Any]) -> list[str]:
 
     def row(name: str, runs: list[tuple[Residual, float | None]]) -> str:
         inside = sum(band is not None and abs(run.error) <= band for run, band in runs)
-        median = statistics.median(band if band is not None else math.inf for _, band in runs)
+        median = median_band(runs)
         width = "none (too few runs)" if math.isinf(median) else f"±{median:.1%}"
         error = statistics.median(abs(run.error) for run, _ in runs)
         p_value = binomial_p_value(inside, len(runs), summary["target_coverage"])
