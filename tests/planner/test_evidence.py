@@ -11,6 +11,7 @@ import itertools
 import math
 import statistics
 from collections import defaultdict
+from functools import cache
 
 import pytest
 
@@ -27,8 +28,10 @@ from btk.planner.evidence import (
 )
 
 
+@cache
 def _setups() -> dict[tuple[str, str, str], list[tuple[str, float, float, ErrorBand]]]:
-    """(model, GPU, engine) -> each run's (id, published, leave-source-out prediction, its band)."""
+    """(model, GPU, engine) -> each run's (id, published, leave-source-out prediction, its band): every run left out
+    by source once per test process (some 5 CPU-seconds), shared by the tests that read it and not changed by them."""
     points = load_points()
     setups: dict[tuple[str, str, str], list[tuple[str, float, float, ErrorBand]]] = defaultdict(list)
     for result in evaluate(points, fit(points)):
