@@ -261,11 +261,6 @@ def summary(checked: Sequence[tuple[Residual, float | None]]) -> tuple[float, fl
             statistics.median(abs(run.error) for run, _ in checked))
 
 
-def gap(checked: Sequence[tuple[Residual, float | None]]) -> float:
-    overall, regimes = coverage_gaps(checked)
-    return abs(overall - TARGET_COVERAGE) + statistics.mean(abs(c - TARGET_COVERAGE) for c in regimes.values())
-
-
 def named(weights: Weights) -> str:
     return f"neighbour {weights.neighbour}, other family {weights.other_family}"
 
@@ -279,7 +274,7 @@ def row(name: str, checked: Sequence[tuple[Residual, float | None]]) -> str:
 def least_ratio_weights(checks: Mapping[Weights, Sequence[tuple[Residual, float | None]]]) -> Weights:
     """Of weights and their leave-source-out checks, those of the narrowest median band (the least ratio to the
     median error, the same for every weight), whatever their coverage."""
-    return min(checks, key=lambda weights: summary(checks[weights])[3])
+    return min(checks, key=lambda weights: median_band(checks[weights]))
 
 
 Checked = list[tuple[Residual, float | None]]
@@ -355,9 +350,12 @@ def main() -> None:
 
     def best_of(name: str, calibrate: Callable[[Weights], list[tuple[Residual, float | None]]],
                 chosen: Weights | None = None) -> None:
+        """The method under the planner's rule (``chosen``: the planner's stored weights), then under the others
+        where they choose other weights."""
         runs = {weights: calibrate(weights) for weights in WEIGHT_GRID}
         best = chosen or narrowest_holding_target(runs)
-        print(row(f"{name} ({named(best)})", runs[best]))
+        planner = "the planner's: " if chosen else ""
+        print(row(f"{planner}{name} ({named(best)})", runs[best]))
         shown = {best}
         for label, choose in (("closest to the target", weights_closest_to_target),
                               ("least ratio", least_ratio_weights)):
@@ -369,8 +367,7 @@ def main() -> None:
         return lambda weights: band_calibration(residuals, weights, statistic=statistic)
 
     for statistic_name, statistic in STATISTICS.items():
-        planner = "the planner's: " if statistic is weighted_mean else ""
-        best_of(f"{planner}locally weighted, {statistic_name} error of the regime", locally_weighted(statistic),
+        best_of(f"locally weighted, {statistic_name} error of the regime", locally_weighted(statistic),
                 planners if statistic is weighted_mean else None)
     best_of("pooled: weighted conformal quantile of the residuals",
             lambda weights: pooled_calibration(residuals, weights))
@@ -378,7 +375,7 @@ def main() -> None:
               covariate_calibration(residuals)))
     spreads = stored_fit_spreads()
     by_floor = {floor: spread_calibration(residuals, spreads, floor) for floor in SPREAD_FLOORS}
-    floor = min(SPREAD_FLOORS, key=lambda floor: (round(gap(by_floor[floor]), 9), summary(by_floor[floor])[3]))
+    floor = narrowest_holding_target(by_floor)
     print(row(f"locally weighted, the spread of the fits without one more source (jackknife; floor {floor:.0%})",
               by_floor[floor]))
     print("band ~ error: the rank correlation (Spearman) of each run's band with its absolute error")

@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from btk.hardware import InstanceType
 
@@ -280,12 +280,16 @@ def median_band(checked: Sequence[tuple[Residual, float | None]]) -> float:
     return statistics.median(math.inf if band is None else band for _, band in checked)
 
 
-def weights_closest_to_target(checks: Mapping[Weights, Sequence[tuple[Residual, float | None]]],
-                              target: float = TARGET_COVERAGE) -> Weights:
+Choice = TypeVar("Choice")
+"""What a rule chooses between: the weights of the grid (or another method's setting), each with its check."""
+
+
+def weights_closest_to_target(checks: Mapping[Choice, Sequence[tuple[Residual, float | None]]],
+                              target: float = TARGET_COVERAGE) -> Choice:
     """Of weights and their leave-source-out checks (:func:`band_calibration`), those covering closest to
     ``target``: the least overall gap plus mean gap of the reported regimes; ties go to the narrower median band,
     then to the earlier weights."""
-    def score(weights: Weights) -> tuple[float, float]:
+    def score(weights: Choice) -> tuple[float, float]:
         checked = checks[weights]
         overall, regimes = coverage_gaps(checked, target)
         gap = abs(overall - target) + (statistics.mean(abs(c - target) for c in regimes.values()) if regimes else 0)
@@ -302,8 +306,8 @@ def holds_target(checked: Sequence[tuple[Residual, float | None]], target: float
                                             for coverage in regimes.values())
 
 
-def narrowest_holding_target(checks: Mapping[Weights, Sequence[tuple[Residual, float | None]]],
-                             target: float = TARGET_COVERAGE) -> Weights:
+def narrowest_holding_target(checks: Mapping[Choice, Sequence[tuple[Residual, float | None]]],
+                             target: float = TARGET_COVERAGE) -> Choice:
     """Of weights and their leave-source-out checks (:func:`band_calibration`), those of the narrowest median band
     among the weights that hold ``target`` (:func:`holds_target`), ties to the earlier weights; where none holds
     it, those closest to it (:func:`weights_closest_to_target`)."""
