@@ -291,8 +291,8 @@ def nested_calibration(residuals: Sequence[Residual], statistic: Statistic = wei
     under each of :data:`RULES`: each source's runs against the bands of weights chosen, and scores taken, from the
     other sources' runs alone.
 
-    The rows above choose their weights on the runs that then check them, which flatters the choice the more a
-    rule looks at width; here no run's own source has a say in the weights of its band.
+    A method checked with weights chosen on the same runs (:func:`main`'s first table) is flattered by the choice,
+    the more so the more its rule looks at width; here no run's own source has a say in the weights of its band.
     """
     nested: dict[str, Checked] = {rule: [] for rule in RULES}
     for source in dict.fromkeys(run.source for run in residuals):
