@@ -321,11 +321,10 @@ WEIGHT_GRID = tuple(Weights(n, o) for n in NEIGHBOUR_WEIGHTS for o in OTHER_FAMI
 """The weights chosen from."""
 
 
-def choose_weights(residuals: Sequence[Residual], target: float = TARGET_COVERAGE,
-                   statistic: Statistic = weighted_mean) -> Weights:
+def choose_weights(residuals: Sequence[Residual], target: float = TARGET_COVERAGE) -> Weights:
     """The weights of :data:`WEIGHT_GRID` of the narrowest leave-source-out bands that hold ``target``
     (:func:`narrowest_holding_target`)."""
-    return narrowest_holding_target({weights: band_calibration(residuals, weights, target, statistic)
+    return narrowest_holding_target({weights: band_calibration(residuals, weights, target)
                                       for weights in WEIGHT_GRID}, target)
 
 
