@@ -210,8 +210,13 @@ def _temporary(root: Path, step: int) -> Path:
     return root / f".{step_dir_name(step)}.tmp"
 
 
-def _not_written(root: Path, step: int, cause: str, *, local_rank: int) -> BtkError:
-    """The one line of a save that failed on some rank; its temp directory is removed first (one per node)."""
+def _not_written(root: Path, step: int, cause: str, *, local_rank: int, group: Any = None) -> BtkError:
+    """The one line of a save that failed on some rank, the same on every rank; collective over ``group``.
+
+    Its temp directory is removed first (one rank per node). The free space and the last complete
+    checkpoint are the lowest rank's reading, shared: each rank reading its own would name different
+    figures whenever anything writes to the file system between the readings.
+    """
     if local_rank == 0:
         shutil.rmtree(_temporary(root, step), ignore_errors=True)
     try:
@@ -221,17 +226,16 @@ def _not_written(root: Path, step: int, cause: str, *, local_rank: int) -> BtkEr
     except OSError:
         kept, space = None, ""
     last = f"the last complete one, {kept[1].name}, is kept" if kept else "no earlier checkpoint is complete"
-    return BtkError(
-        f"checkpoint step {step} could not be written under {root} ({cause}{space}); {last}: free space or "
-        "restore write access there (job.keep_last_checkpoints sets how many are kept), then restart the job"
-    )
+    line = (f"checkpoint step {step} could not be written under {root} ({cause}{space}); {last}: free space or "
+            "restore write access there (job.keep_last_checkpoints sets how many are kept), then restart the job")
+    return BtkError(_agree(line, group) or line)
 
 
 def _check(root: Path, step: int, finding: str | None, *, local_rank: int, group: Any = None) -> None:
     """Agree on this save step's findings (over ``group``); any rank's is every rank's :class:`BtkError`."""
     agreed = _agree(finding, group)
     if agreed is not None:
-        raise _not_written(root, step, agreed, local_rank=local_rank)
+        raise _not_written(root, step, agreed, local_rank=local_rank, group=group)
 
 
 def _sha256(path: Path) -> str:
@@ -599,7 +603,7 @@ class Checkpointer:
         try:
             written.result()
         except CheckpointException as error:  # raised on every rank when any rank's background write failed
-            raise _not_written(root, step, _cause(error), local_rank=self.local_rank) from None
+            raise _not_written(root, step, _cause(error), local_rank=self.local_rank, group=self._group) from None
         completed = _complete(root, step, local_rank=self.local_rank, keep=self.keep, group=self._group)
         self._measured(step, started)  # read by the training thread only after wait() collected this future
         return completed

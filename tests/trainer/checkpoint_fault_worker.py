@@ -4,11 +4,14 @@
 
 PHASE is one of :data:`checkpoint_faults.PHASES`. Each rank writes what ended its run (the error's
 one line, or ``finished``) to ``WORKDIR/rank<r>.txt``; the checkpoints are under ``WORKDIR/ckpt``.
+Rank 1 also reads 3 GiB less free space than rank 0, as when something writes to the file system
+between the two ranks' readings.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +41,13 @@ def _rank(rank: int, port: int, phase: str, workdir: str) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         if rank == 1:
             fill_disk(monkeypatch, phase, ".step_00000004.tmp")
+            usage = shutil.disk_usage
+
+            def less_free(path: str) -> tuple[int, int, int]:
+                found = usage(path)
+                return found._replace(free=found.free - (3 << 30))
+
+            monkeypatch.setattr(shutil, "disk_usage", less_free)
         try:
             train(RunConfig(spec=spec, max_steps=6, device="cpu", checkpoint_dir=Path(workdir) / "ckpt"))
             outcome = "finished"
