@@ -3,6 +3,7 @@ and the Dockerfile's ARGs equal the lock (containers/requirements.lock)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 from pathlib import Path
@@ -170,7 +171,7 @@ def _lock_hashes(text: str) -> dict[str, set[str]]:
     return hashes
 
 
-def _wheel_for(files: list[tuple[str, str]], machine: str) -> tuple[str, str] | None:
+def _wheel_for(files: tuple[tuple[str, str], ...], machine: str) -> tuple[str, str] | None:
     """The wheel pip picks for CPython 3.12 on manylinux_2_28 ``machine`` from ``(filename, sha256)`` pairs: the
     first of its tags, by priority."""
     from packaging.tags import compatible_tags, cpython_tags
@@ -188,33 +189,47 @@ def _wheel_for(files: list[tuple[str, str]], machine: str) -> tuple[str, str] | 
     return None
 
 
+@functools.cache
+def _pypi_wheels(name: str, version: str) -> tuple[tuple[str, str], ...]:
+    """The pin's wheels on PyPI as (filename, sha256), from its simple index (PEP 691 JSON); no wheel is
+    downloaded. A connection error or a 5xx answer is retried twice (after 2 s, then 4 s): a passing hiccup
+    of the index is not a finding, a missing project (404) is at once."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    request = urllib.request.Request(f"https://pypi.org/simple/{canonicalize_name(name)}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                files = json.load(answer)["files"]
+            break
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            client_error = isinstance(error, urllib.error.HTTPError) and error.code < 500
+            if client_error or attempt == 2:
+                raise
+            time.sleep(2 << attempt)
+    wheels = [item for item in files  # this version's wheels; other versions' names may predate PEP 427's rules
+              if str(item["filename"]).endswith(".whl") and str(item["filename"]).split("-")[1] == version]
+    return tuple((str(item["filename"]), str(item["hashes"]["sha256"])) for item in wheels
+                 if str(parse_wheel_filename(str(item["filename"]))[1]) == version)
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_the_lock_holds_the_hash_of_the_wheel_each_image_platform_installs(machine: str) -> None:
     """The image installs with ``--require-hashes``: on arm64 (P6e-GB200) as on amd64, the wheel pip chooses for
-    each pin has its sha256 in the lock (read from PyPI's simple index, PEP 691 JSON; no wheel is downloaded)."""
-    import json
-    import urllib.request
+    each pin has its sha256 in the lock (read once per pin for both platforms)."""
     from concurrent.futures import ThreadPoolExecutor
 
     text = LOCK.read_text()
     hashes = _lock_hashes(text)
-
-    def release(pin: tuple[str, str]) -> tuple[str, list[tuple[str, str]]]:
-        """The pin's wheels on PyPI as (filename, sha256)."""
-        from packaging.utils import canonicalize_name, parse_wheel_filename
-
-        name, version = pin
-        request = urllib.request.Request(f"https://pypi.org/simple/{canonicalize_name(name)}/",
-                                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            files = json.load(answer)["files"]
-        wheels = [item for item in files  # this version's wheels; other versions' names may predate PEP 427's rules
-                  if str(item["filename"]).endswith(".whl") and str(item["filename"]).split("-")[1] == version]
-        return name, [(str(item["filename"]), str(item["hashes"]["sha256"])) for item in wheels
-                      if str(parse_wheel_filename(str(item["filename"]))[1]) == version]
-
+    pins = lock_pins(text)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        releases = dict(pool.map(release, lock_pins(text).items()))
+        releases = dict(zip(pins, pool.map(_pypi_wheels, pins, pins.values()), strict=True))
     problems = []
     for name, files in releases.items():
         wheel = _wheel_for(files, machine)
