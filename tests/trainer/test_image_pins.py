@@ -192,27 +192,16 @@ def _wheel_for(files: tuple[tuple[str, str], ...], machine: str) -> tuple[str, s
 @functools.cache
 def _pypi_wheels(name: str, version: str) -> tuple[tuple[str, str], ...]:
     """The pin's wheels on PyPI as (filename, sha256), from its simple index (PEP 691 JSON); no wheel is
-    downloaded. A connection error or a 5xx answer is retried twice (after 2 s, then 4 s): a passing hiccup
-    of the index is not a finding, a missing project (404) is at once."""
-    import json
-    import time
-    import urllib.error
-    import urllib.request
-
+    downloaded. urllib3 (botocore's HTTP client) retries a connection error or a 5xx answer twice, backing
+    off: a passing hiccup of the index is not a finding; any other answer but 200 is at once."""
+    import urllib3
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    request = urllib.request.Request(f"https://pypi.org/simple/{canonicalize_name(name)}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    for attempt in range(3):
-        try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
-                files = json.load(answer)["files"]
-            break
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            client_error = isinstance(error, urllib.error.HTTPError) and error.code < 500
-            if client_error or attempt == 2:
-                raise
-            time.sleep(2 << attempt)
+    url = f"https://pypi.org/simple/{canonicalize_name(name)}/"
+    answer = urllib3.request("GET", url, headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60,
+                             retries=urllib3.Retry(total=2, backoff_factor=2, status_forcelist=(500, 502, 503, 504)))
+    assert answer.status == 200, f"{url}: HTTP {answer.status}"
+    files = answer.json()["files"]
     wheels = [item for item in files  # this version's wheels; other versions' names may predate PEP 427's rules
               if str(item["filename"]).endswith(".whl") and str(item["filename"]).split("-")[1] == version]
     return tuple((str(item["filename"]), str(item["hashes"]["sha256"])) for item in wheels
